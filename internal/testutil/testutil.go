@@ -1,0 +1,67 @@
+// Package testutil holds the skip helpers and polling helpers shared by DeltaBox's three test
+// tiers (unit, root, integration). Outside CI a missing privilege or dependency skips a test
+// with a reason; with CI=true it fails it, so CI can never pass by skipping.
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// InCI reports whether the tests run under CI (CI=true), where skips are failures.
+func InCI() bool { return os.Getenv("CI") == "true" }
+
+// skipOrFail skips t outside CI and fails it in CI.
+func skipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if InCI() {
+		t.Fatalf("CI=true, cannot skip: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// RequiresRoot skips (or fails in CI) a test that needs root.
+func RequiresRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "test requires root")
+	}
+}
+
+// RequiresBinary skips (or fails in CI) a test when name is not on PATH; it returns the path.
+func RequiresBinary(t testing.TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		skipOrFail(t, "test requires %s on PATH (run hack/install-deps.sh)", name)
+	}
+	return p
+}
+
+// RequiresEnv skips (or fails in CI) a test when the environment variable is unset; it returns
+// the value.
+func RequiresEnv(t testing.TB, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		skipOrFail(t, "test requires $%s (set by make test)", name)
+	}
+	return v
+}
+
+// WaitFor polls cond every interval until it returns true or timeout passes, then fails t.
+func WaitFor(t testing.TB, timeout, interval time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(interval)
+	}
+}
