@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"os/user"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deltabox/deltabox/internal/config"
+	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/internal/version"
+	"github.com/deltabox/deltabox/orchestrator"
+)
+
+// shutdownTimeout bounds how long in-flight requests may run after SIGTERM.
+const shutdownTimeout = 30 * time.Second
+
+func daemonCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "daemon",
+		Usage: "run the DeltaBox node agent (as root)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config file (see `deltabox config default`)"},
+			&cli.StringFlag{Name: "root", Usage: "state root (default from config: /var/lib/deltabox)"},
+			&cli.StringFlag{Name: "address", Usage: "API socket to listen on (default from config: /run/deltabox/deltabox.sock)"},
+			&cli.StringFlag{Name: "containerd-address", Usage: "containerd socket (default from config: /run/containerd/containerd.sock)"},
+			&cli.StringFlag{Name: "namespace", Usage: "containerd namespace (default from config: deltabox)"},
+			&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error"},
+		},
+		Action: runDaemon,
+	}
+}
+
+// daemonConfig merges the config file (or the defaults) with the command-line flags.
+func daemonConfig(c *cli.Context) (config.Config, error) {
+	cfg := config.Default()
+	if path := c.String("config"); path != "" {
+		var err error
+		if cfg, err = config.Load(path); err != nil {
+			return cfg, err
+		}
+	}
+	override := func(flag string, dst *string) {
+		if c.IsSet(flag) {
+			*dst = c.String(flag)
+		}
+	}
+	override("root", &cfg.Root)
+	override("containerd-address", &cfg.Containerd.Address)
+	override("namespace", &cfg.Containerd.Namespace)
+	override("log-level", &cfg.Log.Level)
+	if c.IsSet("address") {
+		cfg.Address = c.String("address")
+	} else if c.Lineage()[1].IsSet("address") { // the global --address names the same socket
+		cfg.Address = c.Lineage()[1].String("address")
+	}
+	return cfg, nil
+}
+
+func runDaemon(c *cli.Context) error {
+	if err := exactArgs(c, 0, ""); err != nil {
+		return err
+	}
+	if euid := os.Geteuid(); euid != 0 {
+		return fmt.Errorf("deltabox daemon needs root (running as uid %d): it drives containerd, cgroups, mounts and CRIU", euid)
+	}
+	cfg, err := daemonConfig(c)
+	if err != nil {
+		return err
+	}
+	slog.SetDefault(newLogger(cfg.Log, c.App.ErrWriter))
+	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return serve(ctx, cfg)
+}
+
+func serve(ctx context.Context, cfg config.Config) error {
+	o, err := orchestrator.New(ctx, orchestrator.Options{
+		Root: cfg.Root, ContainerdAddress: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
+		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI,
+	})
+	if err != nil {
+		return err
+	}
+	defer o.Close(context.WithoutCancel(ctx))
+	gid, err := lookupGroup(cfg.SocketGroup)
+	if err != nil {
+		return err
+	}
+	l, err := orchestrator.Listen(cfg.Address, gid)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: o.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	log.L(ctx).Info("daemon started", "version", version.Version, "address", cfg.Address,
+		"root", cfg.Root, "containerd", cfg.Containerd.Address, "namespace", cfg.Containerd.Namespace)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve API on %s: %w", cfg.Address, err)
+	case <-ctx.Done():
+	}
+	log.L(ctx).Info("daemon stopping", "reason", context.Cause(ctx))
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("shut down API server: %w", err)
+	}
+	_ = os.Remove(cfg.Address)
+	log.L(ctx).Info("daemon stopped")
+	return nil
+}
+
+// lookupGroup resolves the socket group (name or gid); -1 means root only.
+func lookupGroup(name string) (int, error) {
+	if name == "" {
+		return -1, nil
+	}
+	if gid, err := strconv.Atoi(name); err == nil {
+		return gid, nil
+	}
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, fmt.Errorf("socket_group %q: %w", name, err)
+	}
+	return strconv.Atoi(g.Gid)
+}
+
+func newLogger(cfg config.Log, w interface{ Write([]byte) (int, error) }) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

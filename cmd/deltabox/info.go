@@ -1,0 +1,71 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deltabox/deltabox/internal/version"
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+type infoResult struct {
+	Client api.Component `json:"client"`
+	api.Info
+}
+
+func infoCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "info",
+		Usage: "show the daemon, containerd, runc, CRIU and host features",
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 0, ""); err != nil {
+				return err
+			}
+			info, err := newClient(c).Info(c.Context)
+			if err != nil {
+				return err
+			}
+			res := infoResult{Client: api.Component{Version: version.Version, Commit: version.Commit}, Info: info}
+			return printResult(c, res, func(w io.Writer) { printInfo(w, res) })
+		},
+	}
+}
+
+func printInfo(w io.Writer, r infoResult) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	defer tw.Flush()
+	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s:\t%s\n", k, fmt.Sprintf(format, args...)) }
+	row("Client", "%s (%s)", r.Client.Version, r.Client.Commit)
+	row("Daemon", "%s (%s)", r.Daemon.Version, r.Daemon.Commit)
+	ctr := "unreachable: " + r.Containerd.Error
+	if r.Containerd.Reachable {
+		ctr = "reachable, " + r.Containerd.Version + " (" + r.Containerd.Revision + ")"
+	}
+	row("Containerd", "%s at %s, namespace %s", ctr, r.Containerd.Address, r.Namespace)
+	row("Runc", "%s%s", r.Runc.Version, r.Runc.Error)
+	row("CRIU", "%s %s", r.CRIU.Version, r.CRIU.Path)
+	row("CRIU check", "%s", passed(r.CRIU.CheckPassed, r.CRIU.Reason))
+	row("L3 checkpoints", "%s", available(r.CRIU.L3Available, r.CRIU.Reason))
+	row("Kernel", "%s (%s)", r.Host.Kernel, r.Host.Arch)
+	row("Cgroups", "%s", r.Host.CgroupMode)
+	row("Overlayfs", "%t", r.Host.Overlayfs)
+	row("State root", "%s", r.StateRoot)
+	row("Object store", "%s", r.Store.URI)
+}
+
+func passed(ok bool, reason string) string {
+	if ok {
+		return "passed"
+	}
+	return "failed: " + reason
+}
+
+func available(ok bool, reason string) string {
+	if ok {
+		return "available"
+	}
+	return "unavailable: " + reason
+}

@@ -1,0 +1,121 @@
+// Package config reads the daemon's TOML configuration file. Only the daemon wiring in
+// cmd/deltabox uses it: it turns a Config into constructor options, so that library
+// packages never read TOML. Unknown keys are an error that names the key.
+package config
+
+import (
+	_ "embed"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+	"github.com/containerd/errdefs"
+)
+
+// CurrentVersion is the config schema version this build understands.
+const CurrentVersion = 1
+
+// Config is the daemon configuration. Every field is documented in default.toml, which
+// `deltabox config default` prints.
+type Config struct {
+	Version     int         `toml:"version"`
+	Root        string      `toml:"root"`
+	Address     string      `toml:"address"`
+	SocketGroup string      `toml:"socket_group"`
+	Containerd  Containerd  `toml:"containerd"`
+	Log         Log         `toml:"log"`
+	CRIU        CRIU        `toml:"criu"`
+	ObjectStore ObjectStore `toml:"object_store"`
+	Metrics     Metrics     `toml:"metrics"`
+}
+
+// Containerd says which containerd to use.
+type Containerd struct {
+	Address   string `toml:"address"`
+	Namespace string `toml:"namespace"`
+}
+
+// Log configures log/slog output.
+type Log struct {
+	Level  string `toml:"level"`
+	Format string `toml:"format"`
+}
+
+// CRIU configures process checkpoints.
+type CRIU struct {
+	Path string `toml:"path"`
+}
+
+// ObjectStore says where L3 snapshots are stored.
+type ObjectStore struct {
+	URI string `toml:"uri"`
+}
+
+// Metrics configures the Prometheus endpoint.
+type Metrics struct {
+	Address string `toml:"address"`
+}
+
+//go:embed default.toml
+var defaultTOML string
+
+// DefaultText returns the commented default configuration.
+func DefaultText() string { return defaultTOML }
+
+// Default returns the default configuration.
+func Default() Config {
+	c, err := Parse([]byte(defaultTOML), "default.toml")
+	if err != nil {
+		panic(fmt.Sprintf("built-in default config is invalid: %v", err))
+	}
+	return c
+}
+
+// Load reads and validates the config file at path on top of the defaults.
+func Load(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(data, path)
+}
+
+// Parse decodes TOML config text named name on top of the defaults.
+func Parse(data []byte, name string) (Config, error) {
+	c := Config{}
+	if name != "default.toml" {
+		c = Default()
+		c.Version = 0
+	}
+	md, err := toml.Decode(string(data), &c)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %v: %w", name, err, errdefs.ErrInvalidArgument)
+	}
+	if undecoded := md.Undecoded(); len(undecoded) > 0 {
+		keys := make([]string, len(undecoded))
+		for i, k := range undecoded {
+			keys[i] = k.String()
+		}
+		return Config{}, fmt.Errorf("config %s: unknown key %q: %w", name, strings.Join(keys, `", "`), errdefs.ErrInvalidArgument)
+	}
+	return c, c.validate(name)
+}
+
+func (c Config) validate(name string) error {
+	if c.Version != CurrentVersion {
+		return fmt.Errorf("config %s: version = %d is not supported (want version = %d): %w",
+			name, c.Version, CurrentVersion, errdefs.ErrInvalidArgument)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		return fmt.Errorf("config %s: log.format %q: want text or json: %w", name, c.Log.Format, errdefs.ErrInvalidArgument)
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("config %s: log.level %q: want debug, info, warn or error: %w", name, c.Log.Level, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}

@@ -1,0 +1,60 @@
+// Package api defines the wire types of DeltaBox's HTTP/JSON API (served on a unix socket,
+// versioned under /v1/) and the mapping between internal error classes and the stable error
+// codes of DESIGN.md section 4. It has no behaviour: the orchestrator serves these types and
+// orchestrator/client speaks them.
+package api
+
+// Version is the path prefix of this API.
+const Version = "/v1"
+
+// Info describes the daemon, its dependencies and the host (GET /v1/info).
+type Info struct {
+	Daemon     Component   `json:"daemon"`
+	Containerd Containerd  `json:"containerd"`
+	Runc       Component   `json:"runc"`
+	CRIU       CRIU        `json:"criu"`
+	Host       Host        `json:"host"`
+	StateRoot  string      `json:"state_root"`
+	Namespace  string      `json:"namespace"`
+	Store      ObjectStore `json:"object_store"`
+}
+
+// Component is a named piece of software with a version.
+type Component struct {
+	Version string `json:"version"`
+	Commit  string `json:"commit,omitempty"`
+	Path    string `json:"path,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// Containerd reports the containerd the daemon is connected to.
+type Containerd struct {
+	Address   string `json:"address"`
+	Reachable bool   `json:"reachable"`
+	Version   string `json:"version,omitempty"`
+	Revision  string `json:"revision,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// CRIU reports the CRIU found at daemon start and whether L3 checkpoints are available.
+type CRIU struct {
+	Path        string `json:"path,omitempty"`
+	Version     string `json:"version,omitempty"`
+	CheckPassed bool   `json:"check_passed"`
+	CheckOutput string `json:"check_output,omitempty"`
+	L3Available bool   `json:"l3_available"`
+	Reason      string `json:"reason,omitempty"`
+}
+
+// Host describes the kernel features DeltaBox relies on.
+type Host struct {
+	Kernel     string `json:"kernel"`
+	Arch       string `json:"arch"`
+	CgroupMode string `json:"cgroup_mode"`
+	Overlayfs  bool   `json:"overlayfs"`
+}
+
+// ObjectStore names where L3 snapshots go.
+type ObjectStore struct {
+	URI string `json:"uri"`
+}

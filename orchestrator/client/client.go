@@ -1,0 +1,110 @@
+// Package client is the Go client of DeltaBox's HTTP/JSON API over its unix socket. The CLI
+// is built on it; pipelines in Go can use it directly. Errors from the daemon come back as
+// errdefs classes (errdefs.IsNotFound(err) and so on).
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+// DefaultAddress is the daemon's default API socket.
+const DefaultAddress = "/run/deltabox/deltabox.sock"
+
+// Client talks to one daemon.
+type Client struct {
+	address string
+	http    *http.Client
+}
+
+// New returns a client for the daemon listening on the unix socket address.
+func New(address string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", address)
+		},
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	return &Client{address: address, http: &http.Client{Transport: tr}}
+}
+
+// Address is the socket this client dials.
+func (c *Client) Address() string { return c.address }
+
+// Info returns the daemon's info document.
+func (c *Client) Info(ctx context.Context) (api.Info, error) {
+	var info api.Info
+	err := c.do(ctx, http.MethodGet, "/info", nil, &info)
+	return info, err
+}
+
+// do sends a JSON request to path (under /v1) and decodes the JSON answer into out.
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	resp, err := c.send(ctx, method, path, in)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decode %s %s response: %w", method, path, err)
+	}
+	return nil
+}
+
+// send issues the request and turns an error response into an error; the caller closes the
+// body of a successful response.
+func (c *Client) send(ctx context.Context, method, path string, in any) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		data, err := json.Marshal(in)
+		if err != nil {
+			return nil, fmt.Errorf("encode request: %w", err)
+		}
+		body = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://deltabox"+api.Version+path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if uerr := (*url.Error)(nil); errors.As(err, &uerr) {
+		err = uerr.Err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the DeltaBox daemon at %s (is `deltabox daemon` running?): %v: %w",
+			c.address, err, errdefs.ErrUnavailable)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+func decodeError(resp *http.Response) error {
+	var body api.ErrorBody
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err := json.Unmarshal(data, &body); err != nil || body.Error.Code == "" {
+		return fmt.Errorf("daemon answered %s: %s: %w", resp.Status, bytes.TrimSpace(data), errdefs.ErrInternal)
+	}
+	return api.ToError(body.Error)
+}

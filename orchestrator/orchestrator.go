@@ -1,0 +1,102 @@
+// Package orchestrator is DeltaBox's node agent core: it owns sandbox lifecycle and the
+// checkpoint protocol and wires pool, overlay, criu, proxy and objectstore together. It is the
+// only package allowed to import all the others. It serves the HTTP/JSON API of
+// orchestrator/api; it never parses CLI flags or TOML (the daemon wiring in cmd/deltabox turns
+// configuration into Options).
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/criu"
+	"github.com/deltabox/deltabox/internal/log"
+)
+
+// Options configure an Orchestrator.
+type Options struct {
+	Root              string        // state root, e.g. /var/lib/deltabox
+	ContainerdAddress string        // containerd socket
+	Namespace         string        // containerd namespace
+	ConnectTimeout    time.Duration // how long to wait for containerd at start
+	CRIUPath          string        // criu binary
+	ObjectStoreURI    string        // where L3 snapshots go; empty: file://<root>/objects
+}
+
+func (o *Options) setDefaults() {
+	if o.Root == "" {
+		o.Root = "/var/lib/deltabox"
+	}
+	if o.Namespace == "" {
+		o.Namespace = "deltabox"
+	}
+	if o.ConnectTimeout == 0 {
+		o.ConnectTimeout = 4 * time.Second
+	}
+	if o.CRIUPath == "" {
+		o.CRIUPath = "criu"
+	}
+	if o.ObjectStoreURI == "" {
+		o.ObjectStoreURI = "file://" + filepath.Join(o.Root, "objects")
+	}
+}
+
+// Orchestrator is the running node agent.
+type Orchestrator struct {
+	opts   Options
+	client *containerd.Client
+	criu   criu.Status
+}
+
+// New connects to containerd (failing within ConnectTimeout, naming the address), prepares
+// the state root and probes CRIU. A CRIU that is missing or unusable disables L3 only.
+func New(ctx context.Context, opts Options) (*Orchestrator, error) {
+	opts.setDefaults()
+	if err := os.MkdirAll(opts.Root, 0o700); err != nil {
+		return nil, fmt.Errorf("create state root %s: %w", opts.Root, err)
+	}
+	client, err := connect(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	o := &Orchestrator{opts: opts, client: client}
+	o.criu = criu.NewChecker(opts.CRIUPath).Check(ctx)
+	if !o.criu.Available {
+		log.L(ctx).Warn("L3 checkpoints disabled", "reason", o.criu.Reason)
+	}
+	return o, nil
+}
+
+func connect(ctx context.Context, opts Options) (*containerd.Client, error) {
+	if addr := strings.TrimPrefix(opts.ContainerdAddress, "unix://"); filepath.IsAbs(addr) {
+		if _, err := os.Stat(addr); err != nil {
+			return nil, fmt.Errorf("containerd at %q is unreachable: %v: %w", opts.ContainerdAddress, err, errdefs.ErrUnavailable)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
+	defer cancel()
+	client, err := containerd.New(opts.ContainerdAddress,
+		containerd.WithDefaultNamespace(opts.Namespace),
+		containerd.WithTimeout(opts.ConnectTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("connect to containerd at %q: %v: %w", opts.ContainerdAddress, err, errdefs.ErrUnavailable)
+	}
+	if _, err := client.Version(ctx); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("containerd at %q is unreachable (waited %s): %v: %w",
+			opts.ContainerdAddress, opts.ConnectTimeout, err, errdefs.ErrUnavailable)
+	}
+	return client, nil
+}
+
+// Close releases the containerd connection. Sandboxes keep running.
+func (o *Orchestrator) Close(ctx context.Context) error {
+	return o.client.Close()
+}

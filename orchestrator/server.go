@@ -1,0 +1,113 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+// maxRequestBody bounds every JSON request body the API reads.
+const maxRequestBody = 32 << 20
+
+// Handler returns the HTTP handler of the /v1 API.
+func (o *Orchestrator) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/info", handle(func(r *http.Request) (any, error) { return o.Info(r.Context()) }))
+	o.routes(mux)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(r.Context(), w, fmt.Errorf("no API route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
+	})
+	return mux
+}
+
+// routes registers the routes of later features; it is extended as they land.
+func (o *Orchestrator) routes(mux *http.ServeMux) {}
+
+// handle adapts a function returning a value or an error to an http.HandlerFunc writing JSON.
+func handle(fn func(r *http.Request) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := fn(r)
+		if err != nil {
+			writeError(r.Context(), w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
+	}
+}
+
+// decode reads a JSON request body into v, rejecting unknown fields.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxRequestBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("decode request body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(ctx context.Context, w http.ResponseWriter, err error) {
+	code, status := api.FromError(err)
+	if status >= 500 {
+		log.L(ctx).Error("request failed", "code", code, "error", err)
+	}
+	writeJSON(w, status, api.ErrorBody{Error: api.Error{Code: code, Message: err.Error()}})
+}
+
+// Listen opens the API's unix socket at path with mode 0600, or 0660 owned by gid when
+// gid >= 0. A stale socket is replaced; a socket another daemon still serves is a conflict.
+func Listen(path string, gid int) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	if err := removeStaleSocket(path); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	mode := os.FileMode(0o600)
+	if gid >= 0 {
+		mode = 0o660
+		if err := os.Chown(path, 0, gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("chown socket %s to gid %d: %w", path, gid, err)
+		}
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("chmod socket %s: %w", path, err)
+	}
+	return l, nil
+}
+
+func removeStaleSocket(path string) error {
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("another daemon is serving %s: %w", path, errdefs.ErrAlreadyExists)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	return nil
+}
