@@ -135,4 +135,3 @@ func exactArgs(c *cli.Context, n int, names string) error {
 	}
 	return nil
 }
-
