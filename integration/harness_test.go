@@ -1,0 +1,173 @@
+// Package integration drives a real DeltaBox daemon, on a real (private) containerd, through
+// the real CLI binary. `make test` builds the binaries, starts containerd and imports the
+// images, then exports DELTABOX_BIN, DELTABOX_CONTAINERD_ADDRESS and friends. With CI=true a
+// missing piece fails the tests instead of skipping them.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+)
+
+// env names the binaries and services `make test` prepared.
+type env struct {
+	bin        string // deltabox binary
+	containerd string // containerd socket
+}
+
+func requireEnv(t *testing.T) env {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	return env{
+		bin:        testutil.RequiresEnv(t, "DELTABOX_BIN"),
+		containerd: testutil.RequiresEnv(t, "DELTABOX_CONTAINERD_ADDRESS"),
+	}
+}
+
+// daemon is one running `deltabox daemon` with its own state root and socket.
+type daemon struct {
+	t       *testing.T
+	env     env
+	root    string
+	address string
+	cmd     *exec.Cmd
+	logs    *bytes.Buffer
+	exited  chan error
+}
+
+// startDaemon starts a daemon in a fresh state root and waits until its API answers.
+func startDaemon(t *testing.T, extraArgs ...string) *daemon {
+	t.Helper()
+	e := requireEnv(t)
+	dir := shortTempDir(t)
+	d := &daemon{t: t, env: e, root: filepath.Join(dir, "root"), address: filepath.Join(dir, "api.sock")}
+	d.start(extraArgs...)
+	t.Cleanup(d.stop)
+	return d
+}
+
+func (d *daemon) start(extraArgs ...string) {
+	d.t.Helper()
+	args := append([]string{"daemon", "--root", d.root, "--address", d.address,
+		"--containerd-address", d.env.containerd, "--log-level", "debug"}, extraArgs...)
+	d.logs = &bytes.Buffer{}
+	d.cmd = exec.Command(d.env.bin, args...)
+	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatalf("start daemon: %v", err)
+	}
+	d.exited = make(chan error, 1)
+	go func() { d.exited <- d.cmd.Wait() }()
+	testutil.WaitFor(d.t, 30*time.Second, 20*time.Millisecond, "daemon API to answer", func() bool {
+		select {
+		case err := <-d.exited:
+			d.exited <- err
+			d.t.Fatalf("daemon exited early: %v\n%s", err, d.logs)
+		default:
+		}
+		_, _, code := d.cliRaw("info")
+		return code == 0
+	})
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (d *daemon) stop() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.exited:
+		if err != nil {
+			d.t.Errorf("daemon exit: %v\n%s", err, d.logs)
+		}
+	case <-time.After(40 * time.Second):
+		_ = d.cmd.Process.Kill()
+		d.t.Errorf("daemon did not stop within 40s after SIGTERM\n%s", d.logs)
+	}
+	d.cmd = nil
+}
+
+// kill stops the daemon with SIGKILL, as a crash would.
+func (d *daemon) kill() {
+	_ = d.cmd.Process.Kill()
+	<-d.exited
+	d.cmd = nil
+}
+
+// cliRaw runs the CLI against this daemon and returns stdout, stderr and the exit code.
+func (d *daemon) cliRaw(args ...string) (string, string, int) {
+	return runCLI(d.env.bin, append([]string{"--address", d.address}, args...)...)
+}
+
+// cli runs the CLI and fails the test unless it exits 0.
+func (d *daemon) cli(args ...string) string {
+	d.t.Helper()
+	out, errOut, code := d.cliRaw(args...)
+	if code != 0 {
+		d.t.Fatalf("deltabox %s: exit %d\nstderr: %s\nstdout: %s", strings.Join(args, " "), code, errOut, out)
+	}
+	return out
+}
+
+// cliJSON runs the CLI with -o json and decodes its output into v.
+func (d *daemon) cliJSON(v any, args ...string) {
+	d.t.Helper()
+	out := d.cli(append([]string{"-o", "json"}, args...)...)
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		d.t.Fatalf("decode output of deltabox %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func runCLI(bin string, args ...string) (string, string, int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		code = -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else {
+			errOut.WriteString(err.Error())
+		}
+	}
+	return out.String(), errOut.String(), code
+}
+
+// shortTempDir returns a temp dir with a short path (unix socket paths are limited to 107
+// bytes) that other users may traverse, removed at the end of the test.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", "dbx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func mustContain(t *testing.T, what, s string, subs ...string) {
+	t.Helper()
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			t.Fatalf("%s does not mention %q:\n%s", what, sub, s)
+		}
+	}
+}
