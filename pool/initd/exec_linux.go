@@ -1,0 +1,188 @@
+//go:build linux
+
+package initd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/deltabox/deltabox/pool/initproto"
+	"golang.org/x/sys/unix"
+)
+
+const pumpBuffer = 32 << 10
+
+// handleExec runs one exec request to completion and writes its exit frame.
+func (s *Server) handleExec(ctx context.Context, br *bufio.Reader, fw *initproto.FrameWriter, req *initproto.ExecRequest) {
+	sp, err := s.prepare(req)
+	if err != nil {
+		replyStartError(fw, err)
+		return
+	}
+	io, err := s.newPipes(req.Stdin)
+	if err != nil {
+		replyError(fw, initproto.CodeInternal, err)
+		return
+	}
+	p, err := s.spawn(sp, req.Tag, io)
+	if err != nil {
+		io.close()
+		replyStartError(fw, err)
+		return
+	}
+	defer s.forget(p)
+	st := s.supervise(ctx, p, io, br, fw, req)
+	_ = fw.Final(initproto.FrameExit, st)
+}
+
+// replyStartError answers a request that did not start: an exit frame for start failures,
+// an error frame for invalid requests.
+func replyStartError(fw *initproto.FrameWriter, err error) {
+	var se *startError
+	if errors.As(err, &se) {
+		_ = fw.Final(initproto.FrameExit, initproto.ExitStatus{Code: se.code, Error: se.Error()})
+		return
+	}
+	code := initproto.CodeInternal
+	if errdefs.IsInvalidArgument(err) {
+		code = initproto.CodeInvalidArgument
+	}
+	replyError(fw, code, err)
+}
+
+// supervise streams the output of p, feeds its stdin, enforces the timeout and client
+// cancellation, and returns its exit status once it exited and its output drained.
+func (s *Server) supervise(ctx context.Context, p *process, io *pipes, br *bufio.Reader,
+	fw *initproto.FrameWriter, req *initproto.ExecRequest) initproto.ExitStatus {
+	out := startPump(io.stdout, initproto.FrameStdout, fw, req.OutputCap)
+	errp := startPump(io.stderr, initproto.FrameStderr, fw, req.OutputCap)
+	cancelled := make(chan struct{})
+	go readClient(br, io.stdin, cancelled)
+	ws, timedOut := waitExit(ctx, p, req.Timeout, cancelled)
+	if io.stdin != nil {
+		io.stdin.Close()
+	}
+	s.drain(out, errp)
+	st := statusOf(ws)
+	st.TimedOut = timedOut
+	st.Pid = p.pid
+	st.Duration = time.Since(p.started)
+	st.StdoutTruncated = out.truncated.Load()
+	st.StderrTruncated = errp.truncated.Load()
+	return st
+}
+
+// waitExit waits for p to exit, killing its process group on timeout, on client
+// cancellation and on server shutdown.
+func waitExit(ctx context.Context, p *process, timeout time.Duration, cancelled <-chan struct{}) (unix.WaitStatus, bool) {
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case ws := <-p.exit:
+		return ws, false
+	case <-expired:
+		killGroup(p.pid)
+		return <-p.exit, true
+	case <-cancelled:
+	case <-ctx.Done():
+	}
+	killGroup(p.pid)
+	return <-p.exit, false
+}
+
+// readClient feeds stdin frames to the command and closes cancelled when the client goes
+// away (or breaks the protocol), which kills the command.
+func readClient(br *bufio.Reader, stdin *os.File, cancelled chan<- struct{}) {
+	defer close(cancelled)
+	var buf []byte
+	for {
+		t, payload, err := initproto.ReadFrame(br, &buf)
+		if err != nil {
+			return
+		}
+		switch t {
+		case initproto.FrameStdin:
+			if stdin != nil {
+				if _, err := stdin.Write(payload); err != nil {
+					stdin = nil // the command closed its stdin: drop the rest
+				}
+			}
+		case initproto.FrameStdinEOF:
+			if stdin != nil {
+				stdin.Close()
+				stdin = nil
+			}
+		default:
+			return
+		}
+	}
+}
+
+// drain waits for the output pumps, at most the drain grace: background processes may keep
+// the pipes open long after the command exited.
+func (s *Server) drain(pumps ...*pump) {
+	t := time.NewTimer(s.drainGrace)
+	defer t.Stop()
+	for _, p := range pumps {
+		select {
+		case <-p.done:
+		case <-t.C:
+			return
+		}
+	}
+}
+
+func statusOf(ws unix.WaitStatus) initproto.ExitStatus {
+	switch {
+	case ws.Exited():
+		return initproto.ExitStatus{Code: ws.ExitStatus()}
+	case ws.Signaled():
+		sig := ws.Signal()
+		return initproto.ExitStatus{Code: 128 + int(sig), Signal: unix.SignalName(sig)}
+	}
+	return initproto.ExitStatus{Code: 255, Error: "unexpected wait status"}
+}
+
+// pump copies one output pipe into frames, keeping at most limit bytes (0: all) and
+// draining the rest so the command never blocks on a full pipe.
+type pump struct {
+	done      chan struct{}
+	truncated atomic.Bool
+}
+
+func startPump(f *os.File, t initproto.FrameType, fw *initproto.FrameWriter, limit int64) *pump {
+	p := &pump{done: make(chan struct{})}
+	go p.run(f, t, fw, limit)
+	return p
+}
+
+func (p *pump) run(f *os.File, t initproto.FrameType, fw *initproto.FrameWriter, limit int64) {
+	defer close(p.done)
+	defer f.Close()
+	buf := make([]byte, pumpBuffer)
+	left := limit
+	for {
+		n, err := f.Read(buf)
+		chunk := buf[:n]
+		if limit > 0 && int64(n) > left {
+			chunk = chunk[:left]
+			p.truncated.Store(true)
+		}
+		left -= int64(len(chunk))
+		if len(chunk) > 0 {
+			_ = fw.Write(t, chunk)
+		}
+		if err != nil {
+			return
+		}
+	}
+}

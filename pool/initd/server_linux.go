@@ -1,0 +1,206 @@
+//go:build linux
+
+// Package initd is the server side of the sandbox init (cmd/deltabox-init): it reaps
+// zombies as PID 1 (or as a child subreaper), listens on the init socket and serves the
+// pool/initproto protocol: exec in its own process group with streamed output, procs, kill
+// and ping. It runs inside the sandbox, so it must stay dependency-light (x/sys and the
+// protocol package only), must never wait for a child outside its reaper, and knows
+// nothing about containerd or the host.
+package initd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/deltabox/deltabox/pool/initproto"
+	"golang.org/x/sys/unix"
+)
+
+// Server serves the init protocol. Create it with New, then call Serve.
+type Server struct {
+	version     string
+	etcDir      string
+	procDir     string
+	baseEnv     []string
+	killTimeout time.Duration
+	drainGrace  time.Duration
+	log         *slog.Logger
+
+	started   time.Time
+	pid       int
+	subreaper bool
+	reaper    *reaper
+	devNull   *os.File
+
+	mu    sync.Mutex
+	execs map[int]*process // running execs by pid
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithVersion sets the version string reported by ping.
+func WithVersion(v string) Option { return func(s *Server) { s.version = v } }
+
+// WithEtcDir sets where passwd and group are read for user lookups (default /etc).
+func WithEtcDir(dir string) Option { return func(s *Server) { s.etcDir = dir } }
+
+// WithBaseEnv sets the environment every exec starts from (default: the init's own).
+func WithBaseEnv(env []string) Option { return func(s *Server) { s.baseEnv = env } }
+
+// WithKillTimeout bounds how long kill waits for processes to vanish (default 5s).
+func WithKillTimeout(d time.Duration) Option { return func(s *Server) { s.killTimeout = d } }
+
+// WithDrainGrace sets how long an exec waits, after its command exited, for output still
+// held open by background processes (default 100ms). Later output is dropped.
+func WithDrainGrace(d time.Duration) Option { return func(s *Server) { s.drainGrace = d } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
+
+// New returns a server. It does not touch the process until Serve.
+func New(opts ...Option) *Server {
+	s := &Server{
+		version:     "dev",
+		etcDir:      "/etc",
+		procDir:     "/proc",
+		baseEnv:     os.Environ(),
+		killTimeout: 5 * time.Second,
+		drainGrace:  100 * time.Millisecond,
+		log:         slog.Default(),
+		pid:         os.Getpid(),
+		reaper:      newReaper(),
+		execs:       make(map[int]*process),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Listen removes a stale socket at path and listens there with mode 0600.
+func Listen(path string) (*net.UnixListener, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	old := unix.Umask(0o177)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// Serve makes the process a child subreaper unless it is PID 1, starts the reaper and
+// serves connections on l until ctx ends (then it closes l and returns nil).
+func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
+	if err := s.setup(); err != nil {
+		return err
+	}
+	go s.reaper.run(ctx)
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	for {
+		conn, err := l.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("accept: %w", err)
+			}
+			s.log.Warn("accept failed", "error", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go s.handle(ctx, conn)
+	}
+}
+
+func (s *Server) setup() error {
+	s.started = time.Now()
+	if s.pid != 1 {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("set child subreaper: %w", err)
+		}
+		s.subreaper = true
+	}
+	f, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", os.DevNull, err)
+	}
+	s.devNull = f
+	return nil
+}
+
+// handle serves one connection: one request, one answer.
+func (s *Server) handle(ctx context.Context, conn *net.UnixConn) {
+	defer conn.Close()
+	br := bufio.NewReaderSize(conn, 64<<10)
+	fw := initproto.NewFrameWriter(conn)
+	req, err := initproto.ReadRequest(br)
+	if err != nil {
+		replyError(fw, initproto.CodeInvalidArgument, err)
+		return
+	}
+	if req.Version != initproto.Version {
+		replyError(fw, initproto.CodeFailedPrecondition,
+			fmt.Errorf("protocol version %d not supported (init speaks %d)", req.Version, initproto.Version))
+		return
+	}
+	switch req.Op {
+	case initproto.OpPing:
+		_ = fw.Final(initproto.FrameResult, s.ping())
+	case initproto.OpProcs:
+		_ = fw.Final(initproto.FrameResult, initproto.ProcsResponse{Procs: s.procs()})
+	case initproto.OpKill:
+		s.handleKill(ctx, fw, req.Kill)
+	case initproto.OpExec:
+		s.handleExec(ctx, br, fw, req.Exec)
+	default:
+		replyError(fw, initproto.CodeInvalidArgument, fmt.Errorf("unknown op %q", req.Op))
+	}
+}
+
+func replyError(fw *initproto.FrameWriter, code string, err error) {
+	_ = fw.Final(initproto.FrameError, initproto.ErrorResponse{Code: code, Message: err.Error()})
+}
+
+func (s *Server) ping() initproto.PingResponse {
+	return initproto.PingResponse{
+		Protocol:  initproto.Version,
+		Version:   s.version,
+		Pid:       s.pid,
+		Started:   s.started,
+		Uptime:    time.Since(s.started),
+		Subreaper: s.subreaper,
+	}
+}
+
+func (s *Server) procs() []initproto.ProcInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]initproto.ProcInfo, 0, len(s.execs))
+	for _, p := range s.execs {
+		out = append(out, p.info())
+	}
+	return out
+}
+
+// killGroup sends SIGKILL to the process group led by pid.
+func killGroup(pid int) {
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+}

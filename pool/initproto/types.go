@@ -1,0 +1,136 @@
+package initproto
+
+import "time"
+
+// Version is the protocol version spoken by this package; it travels in Request.Version.
+const Version = 1
+
+// DefaultSocketPath is where the init listens inside the container.
+const DefaultSocketPath = "/.deltabox/run/init.sock"
+
+// TagEnv is the environment variable the init sets in every exec that has a tag, so that
+// kill-by-tag also finds descendants that left the exec's process group (setsid'd daemons).
+const TagEnv = "DELTABOX_TAG"
+
+// Size limits of the wire protocol. Both sides enforce them on what they read.
+const (
+	MaxRequestSize = 1 << 20 // request line, including the newline
+	MaxDataFrame   = 1 << 20 // payload of stdin/stdout/stderr frames
+	MaxJSONFrame   = 4 << 20 // payload of result/error/exit frames
+)
+
+// Op names a request kind.
+type Op string
+
+// The request kinds.
+const (
+	OpPing  Op = "ping"
+	OpProcs Op = "procs"
+	OpKill  Op = "kill"
+	OpExec  Op = "exec"
+)
+
+// Request is the JSON line a client sends first on every connection.
+type Request struct {
+	Version int          `json:"v"`
+	Op      Op           `json:"op"`
+	Exec    *ExecRequest `json:"exec,omitempty"`
+	Kill    *KillRequest `json:"kill,omitempty"`
+}
+
+// ExecRequest describes one command to run in the sandbox.
+type ExecRequest struct {
+	// Argv is the command; Argv[0] without a '/' is looked up in the merged env's PATH.
+	Argv []string `json:"argv"`
+	// Env holds KEY=VALUE entries merged over the init's own environment.
+	Env []string `json:"env,omitempty"`
+	// Workdir is the working directory (default: the init's, normally "/").
+	Workdir string `json:"workdir,omitempty"`
+	// User is "uid[:gid]" or "name[:group]", resolved through the sandbox's /etc files.
+	User string `json:"user,omitempty"`
+	// Stdin says the client streams stdin frames; otherwise stdin is /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
+	// Timeout kills the whole process group after this long (0: none).
+	Timeout time.Duration `json:"timeout_ns,omitempty"`
+	// OutputCap is the number of bytes kept per stream (0: unlimited); the rest is dropped.
+	OutputCap int64 `json:"output_cap,omitempty"`
+	// Tag is an opaque label grouping processes (kill by tag, procs).
+	Tag string `json:"tag,omitempty"`
+}
+
+// ExitStatus is the outcome of an exec.
+type ExitStatus struct {
+	// Code is the exit code; 128+N when killed by signal N; 127/126 when it did not start.
+	Code int `json:"code"`
+	// Signal names the signal that killed the command ("SIGKILL"), if any.
+	Signal string `json:"signal,omitempty"`
+	// TimedOut says the process group was killed because the timeout passed.
+	TimedOut bool `json:"timed_out,omitempty"`
+	// StdoutTruncated and StderrTruncated say output beyond OutputCap was dropped.
+	StdoutTruncated bool `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool `json:"stderr_truncated,omitempty"`
+	// Error explains why the command could not be started; empty when it ran.
+	Error string `json:"error,omitempty"`
+	// Pid is the command's pid inside the sandbox (0 when it did not start).
+	Pid int `json:"pid,omitempty"`
+	// Duration is the wall time from start to exit, as seen by the init.
+	Duration time.Duration `json:"duration_ns,omitempty"`
+}
+
+// Started reports whether the command was started at all.
+func (s ExitStatus) Started() bool { return s.Error == "" }
+
+// PingResponse answers OpPing.
+type PingResponse struct {
+	Protocol  int           `json:"protocol"`
+	Version   string        `json:"version"`
+	Pid       int           `json:"pid"`
+	Started   time.Time     `json:"started"`
+	Uptime    time.Duration `json:"uptime_ns"`
+	Subreaper bool          `json:"subreaper,omitempty"`
+}
+
+// ProcInfo describes one running exec started by the init.
+type ProcInfo struct {
+	Pid     int       `json:"pid"`
+	Pgid    int       `json:"pgid"`
+	Tag     string    `json:"tag,omitempty"`
+	Argv    []string  `json:"argv"`
+	Started time.Time `json:"started"`
+}
+
+// ProcsResponse answers OpProcs.
+type ProcsResponse struct {
+	Procs []ProcInfo `json:"procs"`
+}
+
+// KillRequest selects what OpKill kills with SIGKILL: exactly one of Tag or All.
+type KillRequest struct {
+	// Tag kills the execs with this tag, their process groups and every process carrying
+	// TagEnv=Tag or descending from them.
+	Tag string `json:"tag,omitempty"`
+	// All kills every process of the sandbox except the init itself.
+	All bool `json:"all,omitempty"`
+	// Timeout bounds the wait until the processes are gone (0: the server's default).
+	Timeout time.Duration `json:"timeout_ns,omitempty"`
+}
+
+// KillResponse answers OpKill.
+type KillResponse struct {
+	// Killed lists the pids that were sent SIGKILL.
+	Killed []int `json:"killed"`
+}
+
+// Error codes carried by ErrorResponse.Code (the same words as the DeltaBox API).
+const (
+	CodeInvalidArgument    = "invalid_argument"
+	CodeFailedPrecondition = "failed_precondition"
+	CodeUnavailable        = "unavailable"
+	CodeInternal           = "internal"
+)
+
+// ErrorResponse is the payload of FrameError.
+type ErrorResponse struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
