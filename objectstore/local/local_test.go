@@ -1,0 +1,19 @@
+package local_test
+
+import (
+	"testing"
+
+	"github.com/deltabox/deltabox/objectstore"
+	"github.com/deltabox/deltabox/objectstore/local"
+	"github.com/deltabox/deltabox/objectstore/storetest"
+)
+
+func newStore(t *testing.T) objectstore.Store {
+	s, err := local.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestConformance(t *testing.T) { storetest.Run(t, newStore) }
