@@ -47,7 +47,5 @@ func run(socket string, killTimeout time.Duration, logger *slog.Logger) error {
 	if err := srv.Serve(ctx, l); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	killed, err := srv.KillAll(context.Background(), killTimeout)
-	logger.Info("terminating", "killed", len(killed))
-	return err
+	return nil
 }

@@ -40,6 +40,8 @@ type Server struct {
 	reaper    *reaper
 	devNull   *os.File
 
+	handlers sync.WaitGroup
+
 	mu    sync.Mutex
 	execs map[int]*process // running execs by pid
 }
@@ -105,12 +107,21 @@ func Listen(path string) (*net.UnixListener, error) {
 }
 
 // Serve makes the process a child subreaper unless it is PID 1, starts the reaper and
-// serves connections on l until ctx ends (then it closes l and returns nil).
+// serves connections on l until ctx ends. Then it closes l, kills every other process of
+// the sandbox (see KillAll), lets the running execs send their exit frames and returns.
 func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	if err := s.setup(); err != nil {
 		return err
 	}
-	go s.reaper.run(ctx)
+	rctx, stopReaper := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopReaper()
+	go s.reaper.run(rctx)
+	err := s.accept(ctx, l)
+	return errors.Join(err, s.shutdown())
+}
+
+// accept serves connections until ctx ends.
+func (s *Server) accept(ctx context.Context, l *net.UnixListener) error {
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	for {
@@ -126,8 +137,26 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		go s.handle(ctx, conn)
+		s.handlers.Add(1)
+		go func() {
+			defer s.handlers.Done()
+			s.handle(ctx, conn)
+		}()
 	}
+}
+
+// shutdown kills everything and waits (at most the kill timeout) for the handlers.
+func (s *Server) shutdown() error {
+	killed, err := s.KillAll(context.Background(), s.killTimeout)
+	s.log.Info("shutting down", "killed", len(killed))
+	done := make(chan struct{})
+	go func() { s.handlers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.killTimeout):
+		s.log.Warn("handlers still running at shutdown")
+	}
+	return err
 }
 
 func (s *Server) setup() error {
