@@ -153,6 +153,16 @@ build_python_rootfs() {
 	((size < 250)) || die "python rootfs is ${size} MiB, over the 250 MiB budget"
 }
 
+# prune_cache NAME KEY: removes NAME's cached archives of other recipes.
+prune_cache() {
+	local f
+	for f in "${IMAGE_CACHE}/$1"-*.tar "${IMAGE_CACHE}/$1"-*.digest; do
+		[[ -e ${f} && ${f} != "${IMAGE_CACHE}/$1-$2".* ]] || continue
+		log "removing stale cache ${f}"
+		rm -f "${f}"
+	done
+}
+
 # image_digest REF: prints the target digest containerd holds for REF.
 image_digest() {
 	ctr_ns images ls 2>/dev/null | awk -v r="$1" '$1 == r { print $3 }'
@@ -187,6 +197,7 @@ ensure_image() {
 		write_oci_archive "${WORK}/rootfs" "${ref}" "${cmd}" "${env}" "${archive}"
 		rm -rf "${WORK}"
 		WORK=""
+		prune_cache "${name}" "${key}"
 	fi
 	log "ctr -n ${NS} images import ${archive}"
 	ctr_ns images import --platform linux/amd64 "${archive}" >/dev/null
