@@ -1,0 +1,59 @@
+package pool
+
+import (
+	"context"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/deltabox/deltabox/pool/initproto"
+)
+
+// ExecRequest is one command for a leased sandbox.
+type ExecRequest struct {
+	Argv      []string
+	Env       []string // merged over the lease's env, which is merged over the template's
+	Workdir   string   // default: the template's workdir
+	User      string
+	Timeout   time.Duration
+	OutputCap int64
+	Tag       string
+}
+
+// Exec runs a command in a leased sandbox through its init, streaming output.
+func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (initproto.ExitStatus, error) {
+	sb, err := m.Get(id)
+	if err != nil {
+		return initproto.ExitStatus{}, err
+	}
+	start := time.Now()
+	r := initproto.ExecRequest{
+		Argv: req.Argv, Env: mergeEnv(sb.Env, req.Env), Workdir: req.Workdir, User: req.User,
+		Stdin: stdin != nil, Timeout: req.Timeout, OutputCap: req.OutputCap, Tag: req.Tag,
+	}
+	if r.Workdir == "" {
+		r.Workdir = sb.Workdir
+	}
+	st, err := sb.initc.Exec(ctx, r, stdin, stdout, stderr)
+	m.metrics.observeExec(time.Since(start))
+	return st, err
+}
+
+// mergeEnv returns base with over's entries replacing those of the same key.
+func mergeEnv(base, over []string) []string {
+	if len(over) == 0 {
+		return base
+	}
+	keys := make(map[string]bool, len(over))
+	for _, kv := range over {
+		k, _, _ := strings.Cut(kv, "=")
+		keys[k] = true
+	}
+	out := make([]string, 0, len(base)+len(over))
+	for _, kv := range base {
+		if k, _, _ := strings.Cut(kv, "="); !keys[k] {
+			out = append(out, kv)
+		}
+	}
+	return append(out, over...)
+}

@@ -1,0 +1,108 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/deltabox/deltabox/internal/log"
+)
+
+// fillInterval is how often a filler re-checks its pool without being poked.
+const fillInterval = 2 * time.Second
+
+func (m *Manager) startFiller(p *pool) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.fill(p)
+	}()
+}
+
+// fill keeps p at min_ready ready sandboxes (bounded by max) until the pool is removed or
+// the manager closes.
+func (m *Manager) fill(p *pool) {
+	ctx := log.With(m.ctx, "pool", p.t.Name)
+	tick := time.NewTicker(fillInterval)
+	defer tick.Stop()
+	for {
+		m.mu.Lock()
+		failures := p.failures
+		m.mu.Unlock()
+		if !waitBackoff(ctx, p, failures) {
+			return
+		}
+		for range m.reserve(p) {
+			m.wg.Add(1)
+			go m.fillOne(ctx, p)
+		}
+		select {
+		case <-p.kick:
+		case <-tick.C:
+		case <-p.stop:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// reserve counts the sandboxes p is missing and marks them as being created.
+func (m *Manager) reserve(p *pool) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closing {
+		return 0
+	}
+	n := min(p.t.MinReady-len(p.ready)-p.creating, p.t.Max-p.total())
+	if n <= 0 {
+		return 0
+	}
+	p.creating += n
+	return n
+}
+
+// fillOne creates one warm sandbox for p (creating was already counted by reserve).
+func (m *Manager) fillOne(ctx context.Context, p *pool) {
+	defer m.wg.Done()
+	sb, err := m.create(ctx, p)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p.creating--
+	if err != nil {
+		p.failures++
+		log.L(ctx).Error("create warm sandbox", "error", err, "failures", p.failures)
+		p.poke()
+		return
+	}
+	p.failures = 0
+	if m.pools[p.t.Name] != p || m.closing {
+		go m.destroy(context.WithoutCancel(ctx), sb)
+		return
+	}
+	p.ready = append(p.ready, sb)
+}
+
+// create makes, starts and records one sandbox of p, bounded by the create semaphore.
+func (m *Manager) create(ctx context.Context, p *pool) (*sandbox, error) {
+	select {
+	case m.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-m.sem }()
+	start := time.Now()
+	t := p.t
+	cid := newID("dbx-")
+	inst, err := m.rt.create(ctx, &t, cid)
+	if err != nil {
+		return nil, err
+	}
+	sb := &sandbox{rec: record{CID: cid, Pool: t.Name, Created: time.Now().UTC()}, inst: inst}
+	if err := m.st.put(bucketContainers, cid, sb.rec); err != nil {
+		m.rt.cleanup(ctx, cid)
+		return nil, fmt.Errorf("record sandbox %s: %w", cid, err)
+	}
+	log.L(ctx).Info("sandbox created", "container", cid, "ms", time.Since(start).Milliseconds())
+	return sb, nil
+}

@@ -1,0 +1,214 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sort"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/pool/initproto"
+)
+
+// LeaseRequest holds the late-bound settings of a lease.
+type LeaseRequest struct {
+	Env    []string
+	Labels map[string]string
+}
+
+// Sandbox is the public view of a leased sandbox.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	Pool      string            `json:"pool"`
+	Container string            `json:"container"`
+	Image     string            `json:"image"`
+	Env       []string          `json:"env,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Workdir   string            `json:"workdir,omitempty"`
+	LeasedAt  time.Time         `json:"leased_at"`
+	Created   time.Time         `json:"created"`
+	InitPid   uint32            `json:"init_pid"`
+	RunDir    string            `json:"-"`
+	initc     *initproto.Client
+}
+
+// Init is the client of the sandbox's init.
+func (s Sandbox) Init() *initproto.Client { return s.initc }
+
+// LeaseResult is what Lease returns.
+type LeaseResult struct {
+	Sandbox
+	Cold bool `json:"cold"`
+}
+
+// Lease takes a ready sandbox from the pool (O(1)), or creates one when the pool is empty and
+// below max (a cold lease), and binds the request's env and labels to it.
+func (m *Manager) Lease(ctx context.Context, poolName string, req LeaseRequest) (LeaseResult, error) {
+	start := time.Now()
+	if err := ValidateEnv(req.Env); err != nil {
+		return LeaseResult{}, err
+	}
+	sb, p, cold, err := m.take(poolName)
+	if err != nil {
+		return LeaseResult{}, err
+	}
+	p.poke()
+	if cold {
+		if sb, err = m.createCold(ctx, p); err != nil {
+			return LeaseResult{}, err
+		}
+	}
+	lease := &Lease{ID: newID("sb-"), Env: req.Env, Labels: maps.Clone(req.Labels), LeasedAt: time.Now().UTC()}
+	rec := sb.rec
+	rec.Lease = lease
+	if err := m.st.put(bucketContainers, rec.CID, rec); err != nil {
+		m.giveBack(p, sb)
+		return LeaseResult{}, fmt.Errorf("record lease: %w", err)
+	}
+	m.mu.Lock()
+	sb.rec = rec
+	m.leased[lease.ID] = sb
+	m.mu.Unlock()
+	m.metrics.observeLease(poolName, cold, time.Since(start))
+	log.L(ctx).Info("sandbox leased", "sandbox", lease.ID, "pool", poolName, "container", rec.CID, "cold", cold)
+	return LeaseResult{Sandbox: m.view(p, sb), Cold: cold}, nil
+}
+
+// take pops a ready sandbox of poolName, or reserves a slot for a cold create (sb == nil).
+func (m *Manager) take(poolName string) (*sandbox, *pool, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, err := m.poolLocked(poolName)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if len(p.ready) > 0 {
+		sb := p.ready[0]
+		p.ready[0] = nil
+		p.ready = p.ready[1:]
+		p.leased++
+		return sb, p, false, nil
+	}
+	if p.total() >= p.t.Max {
+		return nil, nil, false, fmt.Errorf("pool %q is empty and at its max of %d sandboxes: %w", poolName, p.t.Max, errdefs.ErrUnavailable)
+	}
+	p.leased++
+	return nil, p, true, nil
+}
+
+func (m *Manager) createCold(ctx context.Context, p *pool) (*sandbox, error) {
+	sb, err := m.create(ctx, p)
+	if err != nil {
+		m.mu.Lock()
+		p.leased--
+		m.mu.Unlock()
+		return nil, fmt.Errorf("cold lease from pool %q: %w", p.t.Name, err)
+	}
+	return sb, nil
+}
+
+// giveBack undoes take for a sandbox whose lease could not be recorded.
+func (m *Manager) giveBack(p *pool, sb *sandbox) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p.leased--
+	p.ready = append([]*sandbox{sb}, p.ready...)
+}
+
+// Release ends a lease: it kills every process but init and resets the sandbox for reuse
+// (or destroys it when the pool is over size, it is unhealthy or no Reset is configured).
+func (m *Manager) Release(ctx context.Context, id string) error {
+	m.mu.Lock()
+	sb, ok := m.leased[id]
+	if !ok {
+		m.mu.Unlock()
+		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	delete(m.leased, id)
+	p := m.pools[sb.rec.Pool]
+	view := m.view(p, sb)
+	m.mu.Unlock()
+	reused := m.recycle(ctx, p, sb, view)
+	log.L(ctx).Info("sandbox released", "sandbox", id, "pool", sb.rec.Pool, "container", sb.rec.CID, "reused", reused)
+	return nil
+}
+
+// recycle puts a released sandbox back as ready when it can be reset, else destroys it.
+func (m *Manager) recycle(ctx context.Context, p *pool, sb *sandbox, view Sandbox) bool {
+	reusable := m.opts.Reset != nil && m.resetSandbox(ctx, sb, view) == nil
+	m.mu.Lock()
+	p.leased--
+	if reusable && m.pools[p.t.Name] == p && len(p.ready)+p.creating < p.t.MinReady {
+		sb.rec.Lease = nil
+		if err := m.st.put(bucketContainers, sb.rec.CID, sb.rec); err == nil {
+			p.ready = append(p.ready, sb)
+			m.mu.Unlock()
+			return true
+		}
+	}
+	m.mu.Unlock()
+	p.poke()
+	m.destroy(ctx, sb)
+	return false
+}
+
+func (m *Manager) resetSandbox(ctx context.Context, sb *sandbox, view Sandbox) error {
+	if _, err := sb.inst.init.Kill(ctx, initproto.KillRequest{All: true}); err != nil {
+		log.L(ctx).Warn("kill processes on release", "container", sb.rec.CID, "error", err)
+		return err
+	}
+	if err := m.opts.Reset(ctx, view); err != nil {
+		log.L(ctx).Warn("reset sandbox on release", "container", sb.rec.CID, "error", err)
+		return err
+	}
+	return nil
+}
+
+// Get returns a leased sandbox by ID.
+func (m *Manager) Get(id string) (Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.leased[id]
+	if !ok {
+		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return m.view(m.pools[sb.rec.Pool], sb), nil
+}
+
+// List returns the leased sandboxes, oldest lease first.
+func (m *Manager) List() []Sandbox {
+	m.mu.Lock()
+	out := make([]Sandbox, 0, len(m.leased))
+	for _, sb := range m.leased {
+		out = append(out, m.view(m.pools[sb.rec.Pool], sb))
+	}
+	m.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].LeasedAt.Before(out[j].LeasedAt) })
+	return out
+}
+
+// view builds the public view of a leased sandbox; p may be nil for a removed pool.
+func (m *Manager) view(p *pool, sb *sandbox) Sandbox {
+	v := Sandbox{Pool: sb.rec.Pool, Container: sb.rec.CID, Created: sb.rec.Created,
+		InitPid: sb.inst.pid, RunDir: sb.inst.runDir, initc: sb.inst.init}
+	if l := sb.rec.Lease; l != nil {
+		v.ID, v.Env, v.Labels, v.LeasedAt = l.ID, l.Env, l.Labels, l.LeasedAt
+	}
+	if p != nil {
+		v.Image, v.Workdir = p.t.Image, p.t.Workdir
+		v.Labels = mergeLabels(p.t.Labels, v.Labels)
+	}
+	return v
+}
+
+func mergeLabels(base, over map[string]string) map[string]string {
+	if len(base) == 0 {
+		return over
+	}
+	out := maps.Clone(base)
+	maps.Copy(out, over)
+	return out
+}

@@ -1,0 +1,323 @@
+package pool
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deltabox/deltabox/internal/log"
+)
+
+// Options configure a Manager.
+type Options struct {
+	Root              string // pool state: database and per-container directories
+	InitBinary        string // host path of the static deltabox-init
+	Node              string // this node's ID; containers are labelled with it
+	Snapshotter       string // containerd snapshotter (default overlayfs)
+	Runtime           string // containerd runtime (default io.containerd.runc.v2)
+	CreateConcurrency int    // sandboxes created at once by the fillers (default 4)
+	Metrics           prometheus.Registerer
+	// Reset, when set, returns a released sandbox's filesystem to the image's state with
+	// only init running; the sandbox is then reused. Without it, or when it fails, a released
+	// sandbox is destroyed and the filler creates a fresh one.
+	Reset func(ctx context.Context, sb Sandbox) error
+}
+
+func (o *Options) setDefaults() {
+	if o.Snapshotter == "" {
+		o.Snapshotter = "overlayfs"
+	}
+	if o.Runtime == "" {
+		o.Runtime = "io.containerd.runc.v2"
+	}
+	if o.CreateConcurrency <= 0 {
+		o.CreateConcurrency = 4
+	}
+}
+
+// Manager owns the pools and sandboxes of one node.
+type Manager struct {
+	opts    Options
+	rt      *runtime
+	st      *store
+	metrics *metrics
+	sem     chan struct{} // bounds concurrent creates
+
+	mu      sync.Mutex
+	pools   map[string]*pool
+	leased  map[string]*sandbox // by lease ID
+	closing bool
+
+	ctx    context.Context // cancelled by Close; parent of the fillers
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// pool is one template and its sandboxes; guarded by Manager.mu.
+type pool struct {
+	t        Template
+	ready    []*sandbox // FIFO
+	creating int
+	leased   int
+	kick     chan struct{}
+	stop     chan struct{}
+	failures int // consecutive create failures, for backoff
+}
+
+func (p *pool) total() int { return len(p.ready) + p.creating + p.leased }
+
+// sandbox is one container of a pool.
+type sandbox struct {
+	rec  record
+	inst *instance
+}
+
+// NewManager opens the pool database, reconciles it with containerd's containers and starts
+// the fillers.
+func NewManager(ctx context.Context, client *containerd.Client, opts Options) (*Manager, error) {
+	opts.setDefaults()
+	if opts.Node == "" {
+		return nil, fmt.Errorf("pool manager needs a node ID: %w", errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(opts.InitBinary); err != nil {
+		return nil, fmt.Errorf("sandbox init binary: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(opts.Root, "containers"), 0o700); err != nil {
+		return nil, fmt.Errorf("create pool root: %w", err)
+	}
+	st, err := openStore(filepath.Join(opts.Root, "pool.db"))
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		opts: opts, st: st, sem: make(chan struct{}, opts.CreateConcurrency),
+		pools: map[string]*pool{}, leased: map[string]*sandbox{},
+		rt: &runtime{client: client, snapshotter: opts.Snapshotter, runtimeName: opts.Runtime,
+			initBin: opts.InitBinary, dir: filepath.Join(opts.Root, "containers"), node: opts.Node},
+	}
+	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if m.metrics, err = newMetrics(m, opts.Metrics); err != nil {
+		st.close()
+		return nil, err
+	}
+	if err := m.reconcile(ctx); err != nil {
+		st.close()
+		return nil, fmt.Errorf("reconcile sandboxes: %w", err)
+	}
+	for _, p := range m.pools {
+		m.startFiller(p)
+	}
+	return m, nil
+}
+
+// Close stops the fillers. Sandboxes keep running; a restarted manager finds them again.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	m.closing = true
+	m.mu.Unlock()
+	m.cancel()
+	m.wg.Wait()
+	return m.st.close()
+}
+
+func newID(prefix string) string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// CreatePool registers a template and starts filling its pool. The image must exist.
+func (m *Manager) CreatePool(ctx context.Context, t Template) (PoolInfo, error) {
+	if err := t.Validate(); err != nil {
+		return PoolInfo{}, err
+	}
+	if _, err := m.rt.image(ctx, t.Image); err != nil {
+		return PoolInfo{}, fmt.Errorf("pool %q: %w", t.Name, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.pools[t.Name]; ok {
+		return PoolInfo{}, fmt.Errorf("pool %q already exists: %w", t.Name, errdefs.ErrAlreadyExists)
+	}
+	if err := m.st.put(bucketPools, t.Name, t); err != nil {
+		return PoolInfo{}, fmt.Errorf("record pool %q: %w", t.Name, err)
+	}
+	p := m.addPool(t)
+	m.startFiller(p)
+	log.L(ctx).Info("pool created", "pool", t.Name, "image", t.Image, "min_ready", t.MinReady, "max", t.Max)
+	return p.info(), nil
+}
+
+func (m *Manager) addPool(t Template) *pool {
+	p := &pool{t: t, kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	m.pools[t.Name] = p
+	return p
+}
+
+// ScalePool changes a pool's min_ready (and raises max if needed).
+func (m *Manager) ScalePool(ctx context.Context, name string, minReady int) (PoolInfo, error) {
+	if minReady < 0 {
+		return PoolInfo{}, fmt.Errorf("min_ready %d must not be negative: %w", minReady, errdefs.ErrInvalidArgument)
+	}
+	m.mu.Lock()
+	p, err := m.poolLocked(name)
+	if err != nil {
+		m.mu.Unlock()
+		return PoolInfo{}, err
+	}
+	t := p.t
+	t.MinReady, t.Max = minReady, max(t.Max, minReady)
+	if err := m.st.put(bucketPools, name, t); err != nil {
+		m.mu.Unlock()
+		return PoolInfo{}, fmt.Errorf("record pool %q: %w", name, err)
+	}
+	p.t = t
+	excess := m.trimLocked(p)
+	info := p.info()
+	m.mu.Unlock()
+	m.destroyAll(ctx, excess)
+	p.poke()
+	log.L(ctx).Info("pool scaled", "pool", name, "min_ready", minReady)
+	return info, nil
+}
+
+// trimLocked takes ready sandboxes beyond min_ready out of p and returns them.
+func (m *Manager) trimLocked(p *pool) []*sandbox {
+	n := len(p.ready) - p.t.MinReady
+	if n <= 0 {
+		return nil
+	}
+	excess := append([]*sandbox(nil), p.ready[len(p.ready)-n:]...)
+	p.ready = p.ready[:len(p.ready)-n]
+	return excess
+}
+
+// RemovePool destroys a pool's ready sandboxes and forgets it. Leased sandboxes make it
+// fail unless force is set, in which case they are destroyed too.
+func (m *Manager) RemovePool(ctx context.Context, name string, force bool) error {
+	m.mu.Lock()
+	p, err := m.poolLocked(name)
+	if err == nil && p.leased > 0 && !force {
+		err = fmt.Errorf("pool %q has %d leased sandboxes (release them or use --force): %w", name, p.leased, errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
+		m.mu.Unlock()
+		return err
+	}
+	victims := p.ready
+	p.ready = nil
+	for id, sb := range m.leased {
+		if sb.rec.Pool == name {
+			victims = append(victims, sb)
+			delete(m.leased, id)
+		}
+	}
+	delete(m.pools, name)
+	close(p.stop)
+	m.mu.Unlock()
+	m.destroyAll(ctx, victims)
+	if err := m.st.delete(bucketPools, name); err != nil {
+		return fmt.Errorf("forget pool %q: %w", name, err)
+	}
+	log.L(ctx).Info("pool removed", "pool", name, "destroyed", len(victims))
+	return nil
+}
+
+func (m *Manager) poolLocked(name string) (*pool, error) {
+	p, ok := m.pools[name]
+	if !ok {
+		return nil, fmt.Errorf("pool %q: %w", name, errdefs.ErrNotFound)
+	}
+	return p, nil
+}
+
+// Pools lists the pools, sorted by name.
+func (m *Manager) Pools() []PoolInfo {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]PoolInfo, 0, len(m.pools))
+	for _, p := range m.pools {
+		out = append(out, p.info())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Pool returns one pool.
+func (m *Manager) Pool(name string) (PoolInfo, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, err := m.poolLocked(name)
+	if err != nil {
+		return PoolInfo{}, err
+	}
+	return p.info(), nil
+}
+
+// PoolInfo is a pool's template and counts.
+type PoolInfo struct {
+	Template
+	Ready    int `json:"ready"`
+	Creating int `json:"creating"`
+	Leased   int `json:"leased"`
+}
+
+func (p *pool) info() PoolInfo {
+	return PoolInfo{Template: p.t, Ready: len(p.ready), Creating: p.creating, Leased: p.leased}
+}
+
+func (p *pool) poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (m *Manager) destroyAll(ctx context.Context, sbs []*sandbox) {
+	var wg sync.WaitGroup
+	for _, sb := range sbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.destroy(ctx, sb)
+		}()
+	}
+	wg.Wait()
+}
+
+// destroy removes a sandbox's container and record; failures are logged, and reconcile
+// retries them at the next start.
+func (m *Manager) destroy(ctx context.Context, sb *sandbox) {
+	if err := m.rt.destroy(ctx, sb.rec.CID); err != nil {
+		log.L(ctx).Error("destroy sandbox", "container", sb.rec.CID, "error", err)
+		return
+	}
+	if err := m.st.delete(bucketContainers, sb.rec.CID); err != nil {
+		log.L(ctx).Error("forget sandbox", "container", sb.rec.CID, "error", err)
+	}
+}
+
+// waitBackoff sleeps after create failures, at most 5 s, or until the pool stops.
+func waitBackoff(ctx context.Context, p *pool, failures int) bool {
+	if failures == 0 {
+		return true
+	}
+	d := min(time.Duration(failures)*200*time.Millisecond, 5*time.Second)
+	select {
+	case <-time.After(d):
+		return true
+	case <-ctx.Done():
+	case <-p.stop:
+	}
+	return false
+}

@@ -1,0 +1,101 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/log"
+)
+
+// reconcile rebuilds the in-memory pools after a start: recorded pools come back, healthy
+// recorded sandboxes return to their pool (ready) or stay leased under the same ID, and
+// containers that are broken, orphaned or unrecorded are destroyed.
+func (m *Manager) reconcile(ctx context.Context) error {
+	templates, err := loadAll[Template](m.st, bucketPools)
+	if err != nil {
+		return err
+	}
+	for _, t := range templates {
+		m.addPool(t)
+	}
+	recs, err := loadAll[record](m.st, bucketContainers)
+	if err != nil {
+		return err
+	}
+	byCID := make(map[string]record, len(recs))
+	for _, r := range recs {
+		byCID[r.CID] = r
+	}
+	filter := fmt.Sprintf(`labels.%q==%s`, LabelNode, m.opts.Node)
+	containers, err := m.rt.client.Containers(ctx, filter)
+	if err != nil {
+		return fmt.Errorf("list containers: %w", err)
+	}
+	for _, c := range containers {
+		rec, ok := byCID[c.ID()]
+		delete(byCID, c.ID())
+		m.adopt(ctx, c, rec, ok)
+	}
+	for cid := range byCID { // recorded, but containerd has no such container
+		log.L(ctx).Warn("forgetting sandbox whose container is gone", "container", cid)
+		_ = m.st.delete(bucketContainers, cid)
+		_ = m.rt.destroy(ctx, cid)
+	}
+	return nil
+}
+
+// adopt takes one existing container back, or destroys it.
+func (m *Manager) adopt(ctx context.Context, c containerd.Container, rec record, recorded bool) {
+	p := m.pools[rec.Pool]
+	reason := ""
+	var inst *instance
+	switch {
+	case !recorded:
+		reason = "no record"
+	case p == nil:
+		reason = "pool " + rec.Pool + " is gone"
+	default:
+		var err error
+		if inst, err = m.probe(ctx, c); err != nil {
+			reason = err.Error()
+		}
+	}
+	if reason != "" {
+		log.L(ctx).Warn("destroying sandbox on restart", "container", c.ID(), "reason", reason, "leased", rec.Lease != nil)
+		if err := m.rt.destroy(ctx, c.ID()); err == nil {
+			_ = m.st.delete(bucketContainers, c.ID())
+		}
+		return
+	}
+	sb := &sandbox{rec: rec, inst: inst}
+	if rec.Lease != nil {
+		p.leased++
+		m.leased[rec.Lease.ID] = sb
+	} else {
+		p.ready = append(p.ready, sb)
+	}
+	log.L(ctx).Info("sandbox adopted", "container", c.ID(), "pool", rec.Pool, "leased", rec.Lease != nil)
+}
+
+// probe checks that a container's task runs and its init answers.
+func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance, error) {
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("no task: %w", err)
+	}
+	st, err := task.Status(ctx)
+	if err != nil || st.Status != containerd.Running {
+		return nil, fmt.Errorf("task not running (%s, %v): %w", st.Status, err, errdefs.ErrFailedPrecondition)
+	}
+	inst := m.rt.newInstance(c.ID(), task.Pid())
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := inst.init.Ping(pctx); err != nil {
+		return nil, fmt.Errorf("init does not answer: %w", err)
+	}
+	return inst, nil
+}

@@ -1,0 +1,214 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/pool/initproto"
+)
+
+// Container labels that mark DeltaBox's containers; reconcile uses them after a restart.
+const (
+	LabelManaged = "io.deltabox.managed"
+	LabelNode    = "io.deltabox.node"
+	LabelPool    = "io.deltabox.pool"
+)
+
+// Paths inside every sandbox.
+const (
+	initPath   = "/.deltabox/init"
+	runPath    = "/.deltabox/run"
+	initSocket = runPath + "/init.sock"
+)
+
+// runtime creates and destroys sandbox containers on containerd.
+type runtime struct {
+	client      *containerd.Client
+	snapshotter string
+	runtimeName string
+	initBin     string // host path of the static deltabox-init
+	dir         string // per-container directories live here
+	node        string
+}
+
+// instance is one created and started sandbox container.
+type instance struct {
+	cid    string
+	pid    uint32 // init's pid on the host
+	runDir string
+	init   *initproto.Client
+}
+
+func (r *runtime) containerDir(cid string) string { return filepath.Join(r.dir, cid) }
+
+func (r *runtime) newInstance(cid string, pid uint32) *instance {
+	runDir := filepath.Join(r.containerDir(cid), "run")
+	return &instance{cid: cid, pid: pid, runDir: runDir, init: initproto.New(filepath.Join(runDir, "init.sock"))}
+}
+
+// image returns the image ref, unpacked for the snapshotter; a missing image is NotFound.
+func (r *runtime) image(ctx context.Context, ref string) (containerd.Image, error) {
+	img, err := r.client.GetImage(ctx, ref)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("image %q not found in containerd (build it with hack/images.sh or import it with ctr): %w", ref, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("get image %q: %w", ref, err)
+	}
+	ok, err := img.IsUnpacked(ctx, r.snapshotter)
+	if err != nil {
+		return nil, fmt.Errorf("check image %q: %w", ref, err)
+	}
+	if !ok {
+		if err := img.Unpack(ctx, r.snapshotter); err != nil {
+			return nil, fmt.Errorf("unpack image %q: %w", ref, err)
+		}
+	}
+	return img, nil
+}
+
+// create makes a container for t, starts its task and waits until init answers.
+func (r *runtime) create(ctx context.Context, t *Template, cid string) (_ *instance, retErr error) {
+	img, err := r.image(ctx, t.Image)
+	if err != nil {
+		return nil, err
+	}
+	inst := r.newInstance(cid, 0)
+	if err := os.MkdirAll(inst.runDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create run dir: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			r.cleanup(ctx, cid)
+		}
+	}()
+	c, err := r.client.NewContainer(ctx, cid,
+		containerd.WithImage(img),
+		containerd.WithSnapshotter(r.snapshotter),
+		containerd.WithNewSnapshot(cid, img),
+		containerd.WithRuntime(r.runtimeName, nil),
+		containerd.WithNewSpec(r.specOpts(img, t, cid, inst.runDir)...),
+		containerd.WithContainerLabels(map[string]string{LabelManaged: "true", LabelNode: r.node, LabelPool: t.Name}))
+	if err != nil {
+		return nil, fmt.Errorf("create container %s: %w", cid, err)
+	}
+	task, err := c.NewTask(ctx, cio.LogFile(filepath.Join(r.containerDir(cid), "init.log")))
+	if err != nil {
+		return nil, fmt.Errorf("create task %s: %w", cid, err)
+	}
+	if err := task.Start(ctx); err != nil {
+		return nil, fmt.Errorf("start task %s: %w", cid, err)
+	}
+	inst.pid = task.Pid()
+	if err := r.waitInit(ctx, inst); err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
+func (r *runtime) waitInit(ctx context.Context, inst *instance) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := inst.init.WaitReady(ctx, 2*time.Millisecond); err != nil {
+		logTail, _ := os.ReadFile(filepath.Join(r.containerDir(inst.cid), "init.log"))
+		return fmt.Errorf("sandbox init of %s did not answer: %v (init log: %q): %w", inst.cid, err, tail(logTail, 400), errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+func (r *runtime) specOpts(img containerd.Image, t *Template, cid, runDir string) []oci.SpecOpts {
+	opts := []oci.SpecOpts{
+		oci.WithImageConfig(img),
+		oci.WithProcessArgs(initPath, "--socket", initSocket),
+		oci.WithHostname(cid),
+		oci.WithMounts([]specs.Mount{
+			{Destination: initPath, Type: "bind", Source: r.initBin, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+			{Destination: runPath, Type: "bind", Source: runDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+		}),
+		oci.WithEnv(t.Env),
+	}
+	if t.MemoryBytes > 0 {
+		opts = append(opts, oci.WithMemoryLimit(uint64(t.MemoryBytes)), oci.WithMemorySwap(t.MemoryBytes))
+	}
+	if t.CPUs > 0 {
+		const period = 100000
+		opts = append(opts, oci.WithCPUCFS(int64(t.CPUs*period), period))
+	}
+	if t.Pids > 0 {
+		opts = append(opts, oci.WithPidsLimit(t.Pids))
+	}
+	return opts
+}
+
+// destroy kills the sandbox's task and deletes its container, snapshot and directory.
+// Missing pieces are fine: destroy is used to clean up half-created sandboxes too.
+func (r *runtime) destroy(ctx context.Context, cid string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	c, err := r.client.LoadContainer(ctx, cid)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("load container %s: %w", cid, err)
+	}
+	if err == nil {
+		if err := killTask(ctx, c); err != nil {
+			return err
+		}
+		if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("delete container %s: %w", cid, err)
+		}
+	}
+	if err := os.RemoveAll(r.containerDir(cid)); err != nil {
+		return fmt.Errorf("remove sandbox dir of %s: %w", cid, err)
+	}
+	return nil
+}
+
+func (r *runtime) cleanup(ctx context.Context, cid string) {
+	if err := r.destroy(ctx, cid); err != nil {
+		log.L(ctx).Warn("cleanup of half-created sandbox failed", "container", cid, "error", err)
+	}
+}
+
+func killTask(ctx context.Context, c containerd.Container) error {
+	task, err := c.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load task %s: %w", c.ID(), err)
+	}
+	exitc, err := task.Wait(ctx)
+	if err != nil {
+		return fmt.Errorf("wait task %s: %w", c.ID(), err)
+	}
+	if err := task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("kill task %s: %w", c.ID(), err)
+	}
+	select {
+	case <-exitc:
+	case <-ctx.Done():
+		return fmt.Errorf("task %s did not exit: %w", c.ID(), ctx.Err())
+	}
+	if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete task %s: %w", c.ID(), err)
+	}
+	return nil
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}

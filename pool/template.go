@@ -1,0 +1,81 @@
+package pool
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/docker/go-units"
+)
+
+// Template is a named sandbox recipe and the size of its warm pool.
+type Template struct {
+	Name         string            `json:"name"`
+	Image        string            `json:"image"`
+	CPUs         float64           `json:"cpus,omitempty"`         // CPU quota in cores (0: unlimited)
+	MemoryBytes  int64             `json:"memory_bytes,omitempty"` // memory limit (0: unlimited)
+	Pids         int64             `json:"pids,omitempty"`         // pids limit (0: unlimited)
+	Env          []string          `json:"env,omitempty"`          // KEY=VALUE for every process
+	Workdir      string            `json:"workdir,omitempty"`      // default working directory of execs
+	Labels       map[string]string `json:"labels,omitempty"`
+	EgressPolicy string            `json:"egress_policy,omitempty"` // policy document (YAML), used by the egress proxy
+	MinReady     int               `json:"min_ready"`
+	Max          int               `json:"max"`
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+// ValidateName checks that name is usable as a pool name (and as a path component).
+func ValidateName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("pool name %q: want 1-63 of [a-z0-9_.-], starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Validate checks a template and fills defaults.
+func (t *Template) Validate() error {
+	if err := ValidateName(t.Name); err != nil {
+		return err
+	}
+	if t.Image == "" {
+		return fmt.Errorf("pool %q: an image is required: %w", t.Name, errdefs.ErrInvalidArgument)
+	}
+	if t.MinReady < 0 || t.Max < 0 || t.CPUs < 0 || t.MemoryBytes < 0 || t.Pids < 0 {
+		return fmt.Errorf("pool %q: min_ready, max, cpus, memory and pids must not be negative: %w", t.Name, errdefs.ErrInvalidArgument)
+	}
+	if t.Max == 0 {
+		t.Max = max(t.MinReady, 1) * 4
+	}
+	if t.MinReady > t.Max {
+		return fmt.Errorf("pool %q: min_ready %d is above max %d: %w", t.Name, t.MinReady, t.Max, errdefs.ErrInvalidArgument)
+	}
+	if t.MemoryBytes > 0 && t.MemoryBytes < 4<<20 {
+		return fmt.Errorf("pool %q: memory %d bytes is below the 4 MiB minimum: %w", t.Name, t.MemoryBytes, errdefs.ErrInvalidArgument)
+	}
+	if t.Workdir != "" && !strings.HasPrefix(t.Workdir, "/") {
+		return fmt.Errorf("pool %q: workdir %q must be absolute: %w", t.Name, t.Workdir, errdefs.ErrInvalidArgument)
+	}
+	return ValidateEnv(t.Env)
+}
+
+// ValidateEnv checks KEY=VALUE entries.
+func ValidateEnv(env []string) error {
+	for _, kv := range env {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsAny(k, "\x00") {
+			return fmt.Errorf("env %q: want KEY=VALUE: %w", kv, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// ParseMemory parses a size such as "512m", "1g", "256MiB" or a byte count.
+func ParseMemory(s string) (int64, error) {
+	n, err := units.RAMInBytes(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("memory %q: want a size such as 512m or 1g: %w", s, errdefs.ErrInvalidArgument)
+	}
+	return n, nil
+}
