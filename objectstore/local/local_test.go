@@ -17,3 +17,21 @@ func newStore(t *testing.T) objectstore.Store {
 }
 
 func TestConformance(t *testing.T) { storetest.Run(t, newStore) }
+
+const benchSize = 64 << 20
+
+func BenchmarkPut(b *testing.B) {
+	s, err := local.New(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	storetest.BenchmarkPut(b, s, benchSize)
+}
+
+func BenchmarkGet(b *testing.B) {
+	s, err := local.New(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	storetest.BenchmarkGet(b, s, benchSize)
+}

@@ -242,12 +242,20 @@ func (u *upload) complete() error {
 	})
 }
 
-// abort drops the uploaded parts; it runs even when the caller's context is cancelled. A
-// failure only leaves parts behind (invisible, reclaimable by bucket lifecycle rules).
+// abort drops the uploaded parts; it runs (and is retried: a server may still be writing a
+// part whose request was cancelled) even when the caller's context is cancelled. A failure
+// only leaves parts behind (invisible, reclaimable by bucket lifecycle rules).
 func (u *upload) abort() {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(u.parent), 10*time.Second)
 	defer cancel()
-	if err := u.s.core.AbortMultipartUpload(ctx, u.s.bucket, u.s.objectKey(u.key), u.id); err != nil {
+	err := u.s.cfg.retry.do(ctx, "abort multipart upload", func(ctx context.Context) error {
+		err := u.s.core.AbortMultipartUpload(ctx, u.s.bucket, u.s.objectKey(u.key), u.id)
+		if isCode(err, "NoSuchUpload") {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
 		log.L(ctx).Warn("s3 abort multipart upload failed", "key", u.key, "upload", u.id, "error", err)
 	}
 }
