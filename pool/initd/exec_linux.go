@@ -127,17 +127,41 @@ func readClient(br *bufio.Reader, stdin *os.File, cancelled chan<- struct{}) {
 	}
 }
 
-// drain waits for the output pumps, at most the drain grace: background processes may keep
-// the pipes open long after the command exited.
+// busyDrainLimit bounds how long drain waits, past the grace, for pumps still forwarding
+// output (a background process may write forever).
+const busyDrainLimit = 2 * time.Second
+
+// drain waits for the output pumps to reach EOF. Background processes may keep the pipes
+// open long after the command exited, so once the drain grace has passed it stops waiting
+// for pumps that sit idle in read. Pumps still forwarding output (to a slow client) get up
+// to busyDrainLimit more, so a command's last output is not cut by a slow reader.
 func (s *Server) drain(pumps ...*pump) {
-	t := time.NewTimer(s.drainGrace)
-	defer t.Stop()
+	grace := time.Now().Add(s.drainGrace)
+	limit := grace.Add(busyDrainLimit)
 	for _, p := range pumps {
-		select {
-		case <-p.done:
-		case <-t.C:
-			return
+		for !p.wait(grace, limit) {
 		}
+	}
+}
+
+// wait waits a little for p to finish; it returns true when p is done or need not be
+// waited for any longer.
+func (p *pump) wait(grace, limit time.Time) bool {
+	now := time.Now()
+	if now.After(limit) || (now.After(grace) && !p.busy.Load()) {
+		return true
+	}
+	d := grace.Sub(now)
+	if d <= 0 {
+		d = 5 * time.Millisecond
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return true
+	case <-t.C:
+		return false
 	}
 }
 
@@ -157,6 +181,7 @@ func statusOf(ws unix.WaitStatus) initproto.ExitStatus {
 type pump struct {
 	done      chan struct{}
 	truncated atomic.Bool
+	busy      atomic.Bool // forwarding data (not blocked in read)
 }
 
 func startPump(f *os.File, t initproto.FrameType, fw *initproto.FrameWriter, limit int64) *pump {
@@ -171,7 +196,9 @@ func (p *pump) run(f *os.File, t initproto.FrameType, fw *initproto.FrameWriter,
 	buf := make([]byte, pumpBuffer)
 	left := limit
 	for {
+		p.busy.Store(false)
 		n, err := f.Read(buf)
+		p.busy.Store(true)
 		chunk := buf[:n]
 		if limit > 0 && int64(n) > left {
 			chunk = chunk[:left]

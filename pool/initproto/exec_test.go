@@ -241,3 +241,42 @@ func TestProcsListsRunningExecs(t *testing.T) {
 		t.Fatalf("procs = %+v", procs)
 	}
 }
+
+func TestExecReturnsWhileBackgroundHoldsOutput(t *testing.T) {
+	p := startInit(t)
+	start := time.Now()
+	st, out, _ := p.run(t, initproto.ExecRequest{Argv: []string{"sh", "-c", "sleep 100 & echo hi"}})
+	if st.Code != 0 || out != "hi\n" {
+		t.Fatalf("got %+v %q", st, out)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("exec waited %s for a background process holding stdout", d)
+	}
+	// A background process writing forever must not hold the exec either.
+	start = time.Now()
+	st, _, _ = p.run(t, initproto.ExecRequest{Argv: []string{"sh", "-c", "yes & echo started"}, OutputCap: 1 << 20})
+	if st.Code != 0 || time.Since(start) > 5*time.Second {
+		t.Fatalf("exec with a chatty background process: %+v after %s", st, time.Since(start))
+	}
+	if _, err := p.client.Kill(context.Background(), initproto.KillRequest{All: true}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// slowWriter is a client-side sink that reads slowly.
+type slowWriter struct{ n int }
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	time.Sleep(10 * time.Millisecond)
+	w.n += len(p)
+	return len(p), nil
+}
+
+func TestExecSlowClientGetsAllOutput(t *testing.T) {
+	p := startInit(t)
+	var w slowWriter
+	st, err := p.client.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"head", "-c", "600000", "/dev/zero"}}, nil, &w, nil)
+	if err != nil || st.Code != 0 || w.n != 600000 {
+		t.Fatalf("slow client got %d of 600000 bytes: %+v %v", w.n, st, err)
+	}
+}
