@@ -89,9 +89,9 @@ func (s *Store) Get(ctx context.Context, key string, rng base.Range) (io.ReadClo
 	return base.ReadCloser{Reader: base.ContextReader(ctx, r), Closer: f}, nil
 }
 
-// open opens the regular file of key and returns its size.
+// open opens the regular file of key (never through a symlink) and returns its size.
 func (s *Store) open(key string) (*os.File, int64, error) {
-	f, err := os.Open(s.path(key))
+	f, err := os.OpenFile(s.path(key), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, 0, mapErr("get", key, err)
 	}
@@ -160,7 +160,9 @@ func (s *Store) pruneDirs(dir string) {
 // mapErr translates filesystem errors into errdefs classes.
 func mapErr(op, key string, err error) error {
 	switch {
-	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+	case op == "put" && errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("%s %q: a parent of the key is an object: %w: %w", op, key, errdefs.ErrConflict, err)
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.ELOOP):
 		return fmt.Errorf("%s %q: object not found: %w", op, key, errdefs.ErrNotFound)
 	case errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.EEXIST), errors.Is(err, syscall.ENOTEMPTY):
 		return fmt.Errorf("%s %q: key collides with a key prefix (\"a\" and \"a/b\"): %w: %w", op, key, errdefs.ErrConflict, err)
