@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,23 +40,31 @@ func TestMain(m *testing.M) {
 
 // initProc is a running deltabox-init child.
 type initProc struct {
-	cmd    *exec.Cmd
-	client *initproto.Client
-	socket string
-	done   chan error
+	cmd     *exec.Cmd
+	wrapped bool // cmd is a wrapper (unshare) that kills the init when it dies
+	client  *initproto.Client
+	socket  string
+	done    chan error
 }
 
 // startInit starts the init with a socket in a fresh temp dir and returns once it answers.
 func startInit(tb testing.TB, env ...string) *initProc {
 	tb.Helper()
+	return startWrapped(tb, nil, env...)
+}
+
+// startWrapped starts the init under a wrapper command (e.g. unshare), or directly.
+func startWrapped(tb testing.TB, wrapper []string, env ...string) *initProc {
+	tb.Helper()
 	socket := filepath.Join(tb.TempDir(), "init.sock")
-	cmd := exec.Command(initBinary, "-socket", socket, "-kill-timeout", "3s")
+	argv := append(slices.Clone(wrapper), initBinary, "-socket", socket, "-kill-timeout", "3s")
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("start init: %v", err)
 	}
-	p := &initProc{cmd: cmd, client: initproto.New(socket), socket: socket, done: make(chan error, 1)}
+	p := &initProc{cmd: cmd, wrapped: wrapper != nil, client: initproto.New(socket), socket: socket, done: make(chan error, 1)}
 	go func() { p.done <- cmd.Wait() }()
 	tb.Cleanup(func() { p.stop(tb) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -66,9 +75,20 @@ func startInit(tb testing.TB, env ...string) *initProc {
 	return p
 }
 
-// stop sends SIGTERM and waits for the init to exit.
+// stop sends SIGTERM and waits for the init to exit. A wrapper ignores SIGTERM, so it is
+// killed instead and passes SIGTERM on (--kill-child); the init's exit is then seen by its
+// socket going away.
 func (p *initProc) stop(tb testing.TB) {
 	if p.cmd.ProcessState != nil {
+		return
+	}
+	if p.wrapped {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		testutil.WaitFor(tb, 10*time.Second, 5*time.Millisecond, "init to remove its socket", func() bool {
+			_, err := os.Lstat(p.socket)
+			return os.IsNotExist(err)
+		})
 		return
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
