@@ -116,7 +116,9 @@ write_oci_archive() {
 build_busybox_rootfs() {
 	local root=$1 applet
 	local bb=/bin/busybox
-	[[ -x ${bb} ]] && "${bb}" --list-full >/dev/null || die "busybox-static missing; run hack/install-deps.sh"
+	if [[ ! -x ${bb} ]] || ! "${bb}" --list-full >/dev/null; then
+		die "busybox-static missing; run hack/install-deps.sh"
+	fi
 	log "populating busybox rootfs from ${bb} ($("${bb}" 2>&1 | sed -n 1p))"
 	mkdir -p "${root}"/{bin,sbin,usr/bin,usr/sbin,etc,tmp,root,proc,sys,dev,var/tmp}
 	chmod 1777 "${root}/tmp" "${root}/var/tmp"
@@ -140,10 +142,12 @@ build_python_rootfs() {
 		"${PYTHON_IMAGE_SUITE}" "${root}" "${mirror}" >"${WORK}/debootstrap.log" 2>&1 ||
 		{ tail -n 30 "${WORK}/debootstrap.log" >&2; die "debootstrap failed"; }
 	log "stripping apt lists and caches, docs, man pages, locales, logs"
-	rm -rf "${root}"/var/lib/apt/lists/* "${root}"/var/cache/apt/* "${root}"/var/cache/debconf/*-old \
-		"${root}"/usr/share/doc/* "${root}"/usr/share/man/* "${root}"/usr/share/info/* \
-		"${root}"/usr/share/locale/* "${root}"/usr/share/lintian/* "${root}"/var/log/* \
-		"${root}"/dev/* "${root}"/run/* "${root}"/tmp/* "${root}"/var/tmp/* "${root}"/debootstrap
+	(
+		cd "${root}"
+		rm -rf var/lib/apt/lists/* var/cache/apt/* var/cache/debconf/*-old \
+			usr/share/doc/* usr/share/man/* usr/share/info/* usr/share/locale/* \
+			usr/share/lintian/* var/log/* dev/* run/* tmp/* var/tmp/* debootstrap
+	)
 	: >"${root}/etc/machine-id"
 	[[ -s ${root}/etc/ssl/certs/ca-certificates.crt ]] || die "python rootfs has no /etc/ssl/certs/ca-certificates.crt"
 	grep -q '^root:' "${root}/etc/passwd" || die "python rootfs has no /etc/passwd"
