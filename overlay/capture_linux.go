@@ -1,0 +1,184 @@
+//go:build linux
+
+package overlay
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/log"
+)
+
+// Capture records a checkpoint of the upper dir. L1 stores what changed since req.Parent
+// (which must be the latest checkpoint); L2, and the first checkpoint of a store, store the
+// whole upper dir. The upper dir is only read; the caller keeps the sandbox frozen. The
+// checkpoint is durable when Capture returns.
+func (s *Store) Capture(ctx context.Context, req CaptureRequest) (*CaptureResult, error) {
+	start := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkCapture(req); err != nil {
+		return nil, fmt.Errorf("capture %s: %w", req.ID, err)
+	}
+	rootfd, err := openRoot(req.Upper)
+	if err != nil {
+		return nil, fmt.Errorf("capture %s: %w", req.ID, err)
+	}
+	defer unix.Close(rootfd)
+	full := req.Level == L2 || len(s.chain) == 0
+	res, err := scanUpper(ctx, rootfd, s.idx, full, s.opts.workers)
+	if err != nil {
+		return nil, fmt.Errorf("capture %s: scan upper dir: %w", req.ID, err)
+	}
+	m, f, copied, err := s.writeCheckpoint(rootfd, req, full, res)
+	if err != nil {
+		return nil, fmt.Errorf("capture %s: %w", req.ID, err)
+	}
+	s.commitCapture(m, f, res)
+	out := &CaptureResult{ID: m.ID, Level: m.Level, FilesChanged: len(m.Entries), BytesCopied: copied, Duration: time.Since(start)}
+	for _, e := range m.Entries {
+		out.Paths = append(out.Paths, e.Path)
+	}
+	log.L(ctx).Debug("overlay checkpoint captured", "checkpoint", m.ID, "level", m.Level.String(),
+		"files_changed", out.FilesChanged, "bytes_copied", copied, "duration", out.Duration)
+	return out, nil
+}
+
+// checkCapture validates a capture request against the store.
+func (s *Store) checkCapture(req CaptureRequest) error {
+	if err := validateID(req.ID); err != nil {
+		return err
+	}
+	if req.Level != L1 && req.Level != L2 {
+		return fmt.Errorf("level %d: %w", req.Level, errdefs.ErrInvalidArgument)
+	}
+	if req.Upper == "" {
+		return fmt.Errorf("no upper dir: %w", errdefs.ErrInvalidArgument)
+	}
+	if s.position(req.ID) >= 0 {
+		return fmt.Errorf("checkpoint exists: %w", errdefs.ErrAlreadyExists)
+	}
+	if latest := s.latestID(); req.Parent != latest {
+		return fmt.Errorf("parent %q is not the latest checkpoint %q: %w", req.Parent, latest, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// writeCheckpoint copies changed contents and writes the pack durably.
+func (s *Store) writeCheckpoint(rootfd int, req CaptureRequest, full bool, res *scanResult) (*manifest, *os.File, int64, error) {
+	m := &manifest{Version: manifestVer, ID: req.ID, Parent: req.Parent, Level: req.Level, Full: full,
+		Upper: req.Upper, Lower: req.Lower, Created: time.Now().UTC(), Index: map[string]*Key{}}
+	if n := len(s.chain); n > 0 {
+		m.Seq = s.chain[n-1].Seq + 1
+	}
+	if s.pending != nil {
+		m.Rollback = s.pending.Nonce
+		if !full {
+			applyPending(m.Index, s.pending.Index)
+		}
+	}
+	pw, err := newPackWriter(s.dir, s.opts.reflink, s.opts.sync)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	copied, err := s.addEntries(pw, rootfd, m, res)
+	if err == nil && full {
+		s.addUnchangedKeys(m, res)
+	}
+	if err == nil {
+		err = pw.commit(m, filepath.Join(s.dir, m.ID+packSuffix))
+	}
+	if err != nil {
+		pw.abort()
+		return nil, nil, 0, err
+	}
+	return m, pw.file(), copied, nil
+}
+
+// applyPending copies a pending rollback's index moves into a manifest's index delta.
+func applyPending(dst, delta map[string]*Key) {
+	for p, k := range delta {
+		dst[p] = k
+	}
+}
+
+// addEntries records the scan's changes in m, copying file contents (once per inode).
+func (s *Store) addEntries(pw *packWriter, rootfd int, m *manifest, res *scanResult) (int64, error) {
+	offs := map[uint64]int64{}
+	var copied int64
+	for _, c := range res.changed {
+		e := c.entry
+		e.ckpt = m.ID
+		k := keyOf(&c.st)
+		m.Index[e.Path] = &k
+		if c.st.Nlink > 1 && e.Kind != KindDir {
+			e.Link = m.ID + ":" + strconv.FormatUint(c.st.Ino, 10)
+		}
+		if e.Kind == KindFile && e.Size > 0 {
+			off, seen := offs[c.st.Ino]
+			if !seen {
+				var err error
+				if off, err = copyIn(pw, rootfd, e); err != nil {
+					return 0, err
+				}
+				offs[c.st.Ino] = off
+				copied += e.Size
+			}
+			e.Off = off
+		}
+		m.Entries = append(m.Entries, e)
+	}
+	if !m.Full {
+		for _, p := range res.gone {
+			m.Entries = append(m.Entries, &Entry{Path: p, Kind: KindGone, ckpt: m.ID})
+			m.Index[p] = nil
+		}
+	}
+	return copied, nil
+}
+
+// addUnchangedKeys completes a full checkpoint's index with the keys of unchanged paths.
+func (s *Store) addUnchangedKeys(m *manifest, res *scanResult) {
+	for p, ie := range s.idx.keys {
+		if _, ok := m.Index[p]; !ok && ie.gen == res.gen {
+			k := ie.key
+			m.Index[p] = &k
+		}
+	}
+}
+
+// copyIn copies one upper file's content into the pack.
+func copyIn(pw *packWriter, rootfd int, e *Entry) (int64, error) {
+	fd, err := openBeneath(rootfd, e.Path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME)
+	if err != nil {
+		return 0, fmt.Errorf("open upper %q: %w", e.Path, err)
+	}
+	defer unix.Close(fd)
+	off, err := pw.addFrom(fd, 0, e.Size)
+	if err != nil {
+		return 0, fmt.Errorf("copy upper %q: %w", e.Path, err)
+	}
+	return off, nil
+}
+
+// commitCapture moves the in-memory state to the new checkpoint.
+func (s *Store) commitCapture(m *manifest, f *os.File, res *scanResult) {
+	s.chain = append(s.chain, m)
+	s.packs[m.ID] = f
+	if m.Full {
+		s.state = map[string]*Entry{}
+	}
+	applyEntries(s.state, m.Entries)
+	s.idx.apply(res)
+	if s.pending != nil {
+		_ = os.Remove(filepath.Join(s.dir, rollbackFile)) // the manifest names its nonce
+		s.pending = nil
+	}
+}

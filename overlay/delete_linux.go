@@ -1,0 +1,157 @@
+//go:build linux
+
+package overlay
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/deltabox/deltabox/internal/log"
+)
+
+// Delete removes checkpoint id. Later checkpoints stay restorable: the next checkpoint
+// absorbs what id recorded that it does not override (contents included), becoming
+// self-contained if id was. Deleting the latest checkpoint makes its parent the latest; the
+// next L1 capture then records everything changed since that parent.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pos, err := s.lookup(id)
+	if err != nil {
+		return fmt.Errorf("delete checkpoint: %w", err)
+	}
+	if pos == len(s.chain)-1 {
+		err = s.deleteLatest(pos)
+	} else {
+		err = s.deleteInner(pos)
+	}
+	if err != nil {
+		return fmt.Errorf("delete checkpoint %s: %w", id, err)
+	}
+	log.L(ctx).Debug("overlay checkpoint deleted", "checkpoint", id)
+	return nil
+}
+
+// deleteLatest drops the newest checkpoint and rebuilds the state of its parent.
+func (s *Store) deleteLatest(pos int) error {
+	if s.pending != nil {
+		if err := os.Remove(filepath.Join(s.dir, rollbackFile)); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		s.pending = nil
+	}
+	if err := s.truncateAfter(pos - 1); err != nil {
+		return err
+	}
+	return s.rebuild()
+}
+
+// deleteInner folds checkpoint pos into its successor, rewriting the successor's pack, then
+// removes pos. A crash in between leaves both packs; load drops the absorbed one.
+func (s *Store) deleteInner(pos int) error {
+	old, next := s.chain[pos], s.chain[pos+1]
+	m := mergeManifests(old, next)
+	pw, err := newPackWriter(s.dir, s.opts.reflink, s.opts.sync)
+	if err != nil {
+		return err
+	}
+	if err := s.copyContents(pw, m); err != nil {
+		pw.abort()
+		return err
+	}
+	if err := pw.commit(m, filepath.Join(s.dir, m.ID+packSuffix)); err != nil {
+		pw.abort()
+		return err
+	}
+	if f := s.packs[next.ID]; f != nil {
+		f.Close()
+	}
+	s.packs[next.ID] = pw.file()
+	s.chain[pos+1] = m
+	if err := s.removePack(old.ID); err != nil {
+		return err
+	}
+	s.chain = append(s.chain[:pos], s.chain[pos+1:]...)
+	if s.opts.sync {
+		if err := syncDir(s.dir); err != nil {
+			return err
+		}
+	}
+	s.state = s.foldState(len(s.chain) - 1)
+	return nil
+}
+
+// mergeManifests returns next with old folded in underneath (entries are copied, and their
+// contents must be copied into the new pack by copyContents).
+func mergeManifests(old, next *manifest) *manifest {
+	m := *next
+	m.Parent, m.Full = old.Parent, old.Full || next.Full
+	entries := map[string]*Entry{}
+	if !next.Full {
+		for _, e := range old.Entries {
+			entries[e.Path] = e
+		}
+	}
+	for _, e := range next.Entries {
+		entries[e.Path] = e
+	}
+	m.Entries = nil
+	for _, e := range entries {
+		if m.Full && e.Kind == KindGone {
+			continue
+		}
+		c := *e
+		m.Entries = append(m.Entries, &c)
+	}
+	sort.Slice(m.Entries, func(i, j int) bool { return pathLess(m.Entries[i].Path, m.Entries[j].Path) })
+	m.Index = map[string]*Key{}
+	if !next.Full {
+		applyPending(m.Index, old.Index)
+	}
+	applyPending(m.Index, next.Index)
+	if m.Full {
+		for p, k := range m.Index {
+			if k == nil {
+				delete(m.Index, p)
+			}
+		}
+	}
+	return &m
+}
+
+// copyContents copies every content extent m's entries reference into pw (once per extent)
+// and points the entries at their new offsets.
+func (s *Store) copyContents(pw *packWriter, m *manifest) error {
+	type extent struct {
+		ckpt string
+		off  int64
+	}
+	moved := map[extent]int64{}
+	for _, e := range m.Entries {
+		if e.Kind != KindFile || e.Size == 0 {
+			e.ckpt = m.ID
+			continue
+		}
+		src := extent{e.ckpt, e.Off}
+		off, ok := moved[src]
+		if !ok {
+			f := s.packs[e.ckpt]
+			if f == nil {
+				return fmt.Errorf("content of %q: checkpoint %s not open", e.Path, e.ckpt)
+			}
+			if err := checkExtent(f, e); err != nil {
+				return err
+			}
+			var err error
+			if off, err = pw.addFrom(int(f.Fd()), e.Off, e.Size); err != nil {
+				return err
+			}
+			moved[src] = off
+		}
+		e.ckpt, e.Off = m.ID, off
+	}
+	return nil
+}

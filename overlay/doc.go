@@ -1,0 +1,16 @@
+// Package overlay owns the filesystem half of a sandbox checkpoint: it captures what changed in
+// an overlayfs upper dir (incrementally, L1, or completely, L2) into a per-sandbox layer store,
+// rolls the sandbox's merged mount back to any stored checkpoint, diffs checkpoints and moves
+// checkpoints in and out as OCI layer tars.
+//
+// It reads the upper dir (never writes it while mounted) and writes only through the merged
+// mount, resolving every path inside the sandbox root without following a symlink the sandbox
+// made. It must not freeze or thaw the sandbox (the orchestrator does that around Capture and
+// Rollback), mount or unmount a sandbox's rootfs, or know about containerd, agent state or
+// effects.
+//
+// Store layout: one pack file per checkpoint (<dir>/<id>.ckpt: file contents, then the JSON
+// manifest, then a footer) written to a temp file, fsynced and renamed, so a crash mid-capture
+// leaves the previous checkpoint intact. A rollback leaves a small durable record
+// (rollback.json) until the next capture absorbs it.
+package overlay

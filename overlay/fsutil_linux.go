@@ -1,0 +1,303 @@
+//go:build linux
+
+package overlay
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// resolveFlags confine a lookup to the given root and refuse every symlink on the way, so a
+// path the sandbox controls can never lead outside it (or anywhere else than the real
+// directory tree).
+const resolveFlags = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+
+// openRoot opens dir as the root of later openBeneath lookups.
+func openRoot(dir string) (int, error) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", dir, err)
+	}
+	return fd, nil
+}
+
+// openBeneath opens rel (relative, slash separated; "" is the root itself) under rootfd without
+// following any symlink. A trailing symlink is returned as such only with O_PATH|O_NOFOLLOW.
+func openBeneath(rootfd int, rel string, flags int) (int, error) {
+	if rel == "" {
+		rel = "."
+	}
+	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Resolve: resolveFlags}
+	for {
+		fd, err := unix.Openat2(rootfd, rel, &how)
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+			continue
+		}
+		return fd, err
+	}
+}
+
+// openParent opens the directory holding rel and returns it with rel's last component.
+func openParent(rootfd int, rel string) (int, string, error) {
+	dir, name := splitPath(rel)
+	fd, err := openBeneath(rootfd, dir, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return -1, "", err
+	}
+	return fd, name, nil
+}
+
+// procPath names entry name in the directory fd without resolving name itself; use it only
+// with l* (no-follow) calls.
+func procPath(fd int, name string) string {
+	return "/proc/self/fd/" + strconv.Itoa(fd) + "/" + name
+}
+
+// splitPath splits a relative path into its parent ("" for the root) and last component.
+func splitPath(rel string) (string, string) {
+	i := strings.LastIndexByte(rel, '/')
+	if i < 0 {
+		return "", rel
+	}
+	return rel[:i], rel[i+1:]
+}
+
+// parentOf returns the parent of rel, "" for top-level entries.
+func parentOf(rel string) string {
+	dir, _ := splitPath(rel)
+	return dir
+}
+
+// joinPath joins a relative directory and a name.
+func joinPath(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// cleanRel validates and normalizes a relative path taken from a manifest or a caller.
+func cleanRel(p string) (string, error) {
+	c := path.Clean("/" + p)[1:]
+	if c == "" || c != strings.TrimPrefix(p, "/") || strings.HasPrefix(c, "../") || c == ".." {
+		return "", fmt.Errorf("invalid relative path %q", p)
+	}
+	return c, nil
+}
+
+// depth counts the components of a relative path.
+func depth(rel string) int { return strings.Count(rel, "/") + 1 }
+
+// pathLess orders paths component-wise (parents before children, siblings by name), the
+// order a sorted directory walk produces.
+func pathLess(a, b string) bool {
+	for {
+		ai, bi := strings.IndexByte(a, '/'), strings.IndexByte(b, '/')
+		ac, bc := a, b
+		if ai >= 0 {
+			ac = a[:ai]
+		}
+		if bi >= 0 {
+			bc = b[:bi]
+		}
+		if ac != bc {
+			return ac < bc
+		}
+		if ai < 0 || bi < 0 {
+			return ai < 0 && bi >= 0
+		}
+		a, b = a[ai+1:], b[bi+1:]
+	}
+}
+
+// kindOf maps a stat mode (and device number) to an entry kind.
+func kindOf(st *unix.Stat_t) Kind {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return KindFile
+	case unix.S_IFDIR:
+		return KindDir
+	case unix.S_IFLNK:
+		return KindSymlink
+	case unix.S_IFIFO:
+		return KindFifo
+	case unix.S_IFCHR:
+		if st.Rdev == 0 {
+			return KindWhiteout
+		}
+		return KindChar
+	case unix.S_IFBLK:
+		return KindBlock
+	}
+	return KindSocket
+}
+
+// keyOf extracts the change-detection key from a stat result.
+func keyOf(st *unix.Stat_t) Key {
+	return Key{
+		Ino:   st.Ino,
+		Ctime: st.Ctim.Nano(),
+		Mtime: st.Mtim.Nano(),
+		Size:  st.Size,
+		Mode:  st.Mode,
+	}
+}
+
+// entryFromStat fills the stat-derived fields of an entry.
+func entryFromStat(rel string, st *unix.Stat_t) *Entry {
+	e := &Entry{
+		Path:  rel,
+		Kind:  kindOf(st),
+		Mode:  st.Mode & 0o7777,
+		UID:   st.Uid,
+		GID:   st.Gid,
+		Mtime: st.Mtim.Nano(),
+	}
+	switch e.Kind {
+	case KindFile:
+		e.Size = st.Size
+	case KindChar, KindBlock:
+		e.Rdev = st.Rdev
+	}
+	return e
+}
+
+// keptXattr says whether an xattr is part of the recorded state: user.*, trusted.* except
+// overlayfs's own bookkeeping (trusted.overlay.*, whose opaque flag is recorded as
+// Entry.Opaque), and file capabilities.
+func keptXattr(name string) bool {
+	switch {
+	case strings.HasPrefix(name, "trusted.overlay."):
+		return false
+	case strings.HasPrefix(name, "user.overlay."):
+		return false
+	case strings.HasPrefix(name, "user."), strings.HasPrefix(name, "trusted."):
+		return true
+	}
+	return name == "security.capability"
+}
+
+// readXattrs returns the kept xattrs of p (not following a final symlink) and whether
+// trusted.overlay.opaque=y is set.
+func readXattrs(p string) (map[string][]byte, bool, error) {
+	names, err := listXattrs(p)
+	if err != nil {
+		return nil, false, err
+	}
+	var out map[string][]byte
+	opaque := false
+	for _, n := range names {
+		if n != "trusted.overlay.opaque" && !keptXattr(n) {
+			continue
+		}
+		v, err := getXattr(p, n)
+		if errors.Is(err, unix.ENODATA) {
+			continue
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("getxattr %s %s: %w", p, n, err)
+		}
+		if n == "trusted.overlay.opaque" {
+			opaque = string(v) == "y"
+			continue
+		}
+		if out == nil {
+			out = map[string][]byte{}
+		}
+		out[n] = v
+	}
+	return out, opaque, nil
+}
+
+// listXattrs lists the xattr names of p without following a final symlink.
+func listXattrs(p string) ([]string, error) {
+	buf := make([]byte, 256)
+	for {
+		n, err := unix.Llistxattr(p, buf)
+		if errors.Is(err, unix.ERANGE) {
+			sz, err := unix.Llistxattr(p, nil)
+			if err != nil {
+				return nil, fmt.Errorf("listxattr %s: %w", p, err)
+			}
+			buf = make([]byte, sz+64)
+			continue
+		}
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listxattr %s: %w", p, err)
+		}
+		var names []string
+		for _, s := range strings.Split(string(buf[:n]), "\x00") {
+			if s != "" {
+				names = append(names, s)
+			}
+		}
+		return names, nil
+	}
+}
+
+// getXattr reads one xattr of p without following a final symlink.
+func getXattr(p, name string) ([]byte, error) {
+	buf := make([]byte, 128)
+	for {
+		n, err := unix.Lgetxattr(p, name, buf)
+		if errors.Is(err, unix.ERANGE) {
+			sz, err := unix.Lgetxattr(p, name, nil)
+			if err != nil {
+				return nil, err
+			}
+			buf = make([]byte, sz+16)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return append([]byte(nil), buf[:n]...), nil
+	}
+}
+
+// readLinkAt reads the target of the symlink name in dirfd.
+func readLinkAt(dirfd int, name string) (string, error) {
+	buf := make([]byte, 256)
+	for {
+		n, err := unix.Readlinkat(dirfd, name, buf)
+		if err != nil {
+			return "", err
+		}
+		if n < len(buf) {
+			return string(buf[:n]), nil
+		}
+		buf = make([]byte, len(buf)*4)
+	}
+}
+
+// readDirNames lists the names in the directory open as fd (not sorted).
+func readDirNames(fd int) ([]string, error) {
+	buf := make([]byte, 32<<10)
+	var names []string
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			return names, nil
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+	}
+}
+
+// isNotExist reports errors meaning "there is no such entry (as a real path)".
+func isNotExist(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP)
+}

@@ -1,0 +1,205 @@
+//go:build linux
+
+package overlay
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/containerd/containerd/v2/pkg/archive"
+	"github.com/containerd/continuity/fs"
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// Export writes checkpoint id as an OCI layer tar: the full upper state at that checkpoint
+// relative to the image (its lower dirs), deletions as .wh.NAME and opaque directories as
+// .wh..wh..opq. The state is materialized in a scratch upper dir inside the store and
+// turned into a tar by containerd's overlay-aware differ and change writer; xattrs (user.*,
+// trusted.*) ride along as PAX SCHILY.xattr records. Timestamps are truncated to seconds, as
+// containerd does for layers.
+func (s *Store) Export(ctx context.Context, id string, w io.Writer) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.export(ctx, id, w); err != nil {
+		return fmt.Errorf("export checkpoint %s: %w", id, err)
+	}
+	return nil
+}
+
+func (s *Store) export(ctx context.Context, id string, w io.Writer) error {
+	pos, err := s.lookup(id)
+	if err != nil {
+		return err
+	}
+	state := s.foldState(pos)
+	tmp, err := os.MkdirTemp(s.dir, ".export-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	upper := filepath.Join(tmp, "upper")
+	if err := os.Mkdir(upper, 0o755); err != nil {
+		return err
+	}
+	if err := s.materialize(state, upper); err != nil {
+		return err
+	}
+	base, release, err := lowerBase(tmp, s.chain[pos].Lower)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return writeLayer(ctx, w, base, upper, state)
+}
+
+// materialize writes an upper state into an empty directory in overlay format.
+func (s *Store) materialize(state map[string]*Entry, dir string) error {
+	pl := &plan{touched: map[string]bool{}, srcs: map[string]source{}, rawUpper: true}
+	for _, e := range state {
+		pl.items = append(pl.items, &planned{e: e})
+		if e.Kind == KindDir {
+			pl.dirTimes = append(pl.dirTimes, e)
+		}
+	}
+	if err := pl.prepare(s, nil); err != nil {
+		return err
+	}
+	rootfd, err := openRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(rootfd)
+	return pl.apply(rootfd)
+}
+
+// lowerBase returns one directory showing the merged lower layers: the layer itself when
+// there is one, an empty directory when there is none, else a read-only overlay of them
+// (mounted under tmp; release unmounts it).
+func lowerBase(tmp string, lowers []string) (string, func(), error) {
+	switch len(lowers) {
+	case 0:
+		dir := filepath.Join(tmp, "empty")
+		return dir, func() {}, os.Mkdir(dir, 0o755)
+	case 1:
+		return lowers[0], func() {}, nil
+	}
+	dir := filepath.Join(tmp, "lower")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return "", nil, err
+	}
+	if err := unix.Mount("overlay", dir, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lowers, ":")); err != nil {
+		return "", nil, fmt.Errorf("mount lower layers read-only: %w", err)
+	}
+	return dir, func() { _ = unix.Unmount(dir, unix.MNT_DETACH) }, nil
+}
+
+// writeLayer streams the tar of upper (over base) to w, adding xattrs from state.
+func writeLayer(ctx context.Context, w io.Writer, base, upper string, state map[string]*Entry) error {
+	pr, pw := io.Pipe()
+	go func() {
+		cw := archive.NewChangeWriter(pw, upper)
+		err := fs.DiffDirChanges(ctx, base, upper, fs.DiffSourceOverlayFS, cw.HandleChange)
+		if cerr := cw.Close(); err == nil {
+			err = cerr
+		}
+		pw.CloseWithError(err)
+	}()
+	err := addXattrs(pr, w, state)
+	pr.CloseWithError(err)
+	return err
+}
+
+// addXattrs copies a tar stream, recording each entry's kept xattrs as PAX records (the
+// change writer only carries security.capability).
+func addXattrs(r io.Reader, w io.Writer, state map[string]*Entry) error {
+	bw := bufio.NewWriterSize(w, 256<<10)
+	tr, tw := tar.NewReader(r), tar.NewWriter(bw)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if e := state[strings.TrimSuffix(hdr.Name, "/")]; e != nil && len(e.Xattrs) > 0 && hdr.Typeflag != tar.TypeLink {
+			if hdr.PAXRecords == nil {
+				hdr.PAXRecords = map[string]string{}
+			}
+			keys := make([]string, 0, len(e.Xattrs))
+			for k := range e.Xattrs {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				hdr.PAXRecords["SCHILY.xattr."+k] = string(e.Xattrs[k])
+			}
+			hdr.Format = tar.FormatPAX
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// ImportOption configures Import.
+type ImportOption func(*importOptions)
+
+type importOptions struct{ overlay bool }
+
+// WithOverlayWhiteouts makes Import write deletions in overlayfs's format (0/0 character
+// devices and trusted.overlay.opaque=y), for an upper dir; without it, deletions are applied
+// to dir (a plain directory tree).
+func WithOverlayWhiteouts() ImportOption { return func(o *importOptions) { o.overlay = true } }
+
+// Import applies an OCI layer tar to dir, which must not be the upper dir of a mounted overlay.
+// Entries are confined to dir: containerd's archive.Apply rejects or re-roots "..", absolute
+// names and links that would escape.
+func Import(ctx context.Context, r io.Reader, dir string, opts ...ImportOption) error {
+	var o importOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := checkNotMountedUpper(dir); err != nil {
+		return err
+	}
+	var aopts []archive.ApplyOpt
+	if o.overlay {
+		aopts = append(aopts, archive.WithConvertWhiteout(archive.OverlayConvertWhiteout))
+	}
+	if _, err := archive.Apply(ctx, dir, r, aopts...); err != nil {
+		return fmt.Errorf("import layer into %s: %w", dir, err)
+	}
+	return nil
+}
+
+// checkNotMountedUpper refuses a directory that a mounted overlay uses as its upper dir.
+func checkNotMountedUpper(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil // best effort
+	}
+	if strings.Contains(string(data), "upperdir="+abs+",") || strings.Contains(string(data), "upperdir="+abs+"\n") {
+		return fmt.Errorf("%s is the upper dir of a mounted overlay: %w", dir, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}

@@ -1,0 +1,307 @@
+//go:build linux
+
+package overlay
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"sort"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// plan is a rollback worked out completely (and its content sources opened) before the first
+// write: what to remove (children before parents), what to create or re-attribute (parents
+// before children) and which directories get their mtime back at the end.
+type plan struct {
+	remove      []string
+	removedDirs []string
+	items       []*planned // creates and fixes, parents first
+	dirTimes    []*Entry   // deepest first
+	touched     map[string]bool
+	done        []string
+	srcs        map[string]source
+	rawUpper    bool // writing an upper dir directly (export): whiteouts and opaque flags are literal
+}
+
+// planned is one entry to create (or, with fix, an existing directory to re-attribute).
+type planned struct {
+	e   *Entry
+	fix bool
+}
+
+// source is where a restored file's content comes from.
+type source struct {
+	fd    int
+	off   int64
+	owned bool // fd belongs to the plan (a lower file)
+}
+
+func (pl *plan) close() {
+	for _, s := range pl.srcs {
+		if s.owned {
+			unix.Close(s.fd)
+		}
+	}
+}
+
+// plan decides, for every changed path and everything it drags in (ancestors, hard-link
+// peers, children of directories whose merged content must be rebuilt), how to get from the
+// merged tree as it is to the merged tree at the target.
+func (s *Store) plan(v *view, fds rollbackRoots, changed map[string]bool) (*plan, error) {
+	pl := &plan{touched: map[string]bool{}, srcs: map[string]source{}}
+	queue := withAncestors(changed)
+	seen := map[string]bool{}
+	for _, p := range queue {
+		seen[p] = true
+	}
+	var groups map[string][]string
+	for i := 0; i < len(queue); i++ {
+		more, want, err := pl.decide(v, fds, queue[i])
+		if err != nil {
+			return nil, err
+		}
+		if want != nil && want.Link != "" {
+			if groups == nil {
+				groups = v.linkGroups()
+			}
+			more = append(more, groups[want.Link]...)
+		}
+		for _, p := range more {
+			if !seen[p] {
+				seen[p] = true
+				queue = append(queue, p)
+			}
+		}
+	}
+	if err := pl.prepare(s, v); err != nil {
+		return nil, err
+	}
+	return pl, nil
+}
+
+// withAncestors returns the paths and all their ancestors, sorted parents first.
+func withAncestors(set map[string]bool) []string {
+	all := map[string]bool{}
+	for p := range set {
+		for q := p; q != "" && !all[q]; q = parentOf(q) {
+			all[q] = true
+		}
+	}
+	out := make([]string, 0, len(all))
+	for p := range all {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return pathLess(out[i], out[j]) })
+	return out
+}
+
+// decide plans one path and returns further paths that must be visited.
+func (pl *plan) decide(v *view, fds rollbackRoots, p string) ([]string, *Entry, error) {
+	want, err := v.lookup(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	have, err := lstatAt(fds.merged, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	pl.touched[p] = true
+	haveDir := have != nil && have.Mode&unix.S_IFMT == unix.S_IFDIR
+	if want != nil && want.Kind == KindDir && haveDir {
+		return pl.decideDir(v, fds, p, want, have)
+	}
+	if have != nil {
+		pl.remove = append(pl.remove, p)
+		if haveDir {
+			pl.removedDirs = append(pl.removedDirs, p)
+		}
+	}
+	if want == nil {
+		if have != nil {
+			pl.done = append(pl.done, p)
+		}
+		return nil, nil, nil
+	}
+	pl.items = append(pl.items, &planned{e: want})
+	pl.done = append(pl.done, p)
+	if want.Kind != KindDir {
+		return nil, want, nil
+	}
+	pl.dirTimes = append(pl.dirTimes, want)
+	names, err := v.childNames(p)
+	return prefixAll(p, names), want, err
+}
+
+// decideDir plans a directory that exists in both trees: its attributes are restored, and if
+// its opaque flag in the upper dir differs from the target's, the lower entries it shows or
+// hides differ too, so every child on either side is visited.
+func (pl *plan) decideDir(v *view, fds rollbackRoots, p string, want *Entry, have *unix.Stat_t) ([]string, *Entry, error) {
+	pl.items = append(pl.items, &planned{e: want, fix: true})
+	pl.dirTimes = append(pl.dirTimes, want)
+	differs, err := attrsDiffer(fds.merged, p, want, have)
+	if err != nil {
+		return nil, nil, err
+	}
+	if differs {
+		pl.done = append(pl.done, p)
+	}
+	if upperOpaque(fds.upper, p) == want.Opaque {
+		return nil, want, nil
+	}
+	names, err := v.childNames(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	cur, err := mergedChildren(fds.merged, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	return prefixAll(p, append(names, cur...)), want, nil
+}
+
+func prefixAll(dir string, names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = joinPath(dir, n)
+	}
+	return out
+}
+
+// prepare orders the plan and opens every content source, so that a missing checkpoint file
+// or lower file fails the rollback before anything was written.
+func (pl *plan) prepare(s *Store, v *view) error {
+	sortDeepestFirst(pl.remove)
+	sort.Slice(pl.items, func(i, j int) bool { return pathLess(pl.items[i].e.Path, pl.items[j].e.Path) })
+	paths := make([]string, 0, len(pl.dirTimes))
+	byPath := map[string]*Entry{}
+	for _, e := range pl.dirTimes {
+		paths = append(paths, e.Path)
+		byPath[e.Path] = e
+	}
+	sortDeepestFirst(paths)
+	pl.dirTimes = pl.dirTimes[:0]
+	for _, p := range paths {
+		pl.dirTimes = append(pl.dirTimes, byPath[p])
+	}
+	sort.Strings(pl.done)
+	for _, it := range pl.items {
+		if it.fix || it.e.Kind != KindFile || it.e.Size == 0 {
+			continue
+		}
+		src, err := openSource(s, v, it.e)
+		if err != nil {
+			return err
+		}
+		pl.srcs[it.e.Path] = src
+	}
+	return nil
+}
+
+// openSource opens where a file's content at the target lives.
+func openSource(s *Store, v *view, e *Entry) (source, error) {
+	if e.lower != "" {
+		for i, l := range v.layers {
+			if l == e.lower {
+				fd, err := openBeneath(v.fds[i], e.Path, unix.O_RDONLY|unix.O_NOFOLLOW)
+				if err != nil {
+					return source{}, fmt.Errorf("open lower %q: %w", e.Path, err)
+				}
+				return source{fd: fd, owned: true}, nil
+			}
+		}
+		return source{}, fmt.Errorf("lower layer of %q: %w", e.Path, errdefs.ErrNotFound)
+	}
+	f := s.packs[e.ckpt]
+	if f == nil {
+		return source{}, fmt.Errorf("content of %q in checkpoint %s: %w", e.Path, e.ckpt, errdefs.ErrNotFound)
+	}
+	if err := checkExtent(f, e); err != nil {
+		return source{}, err
+	}
+	return source{fd: int(f.Fd()), off: e.Off}, nil
+}
+
+// checkExtent verifies that a content extent lies inside its pack.
+func checkExtent(f *os.File, e *Entry) error {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if e.Off < 0 || e.Off+e.Size > st.Size()-footerSize {
+		return fmt.Errorf("content of %q outside checkpoint %s: %w", e.Path, e.ckpt, errdefs.ErrDataLoss)
+	}
+	return nil
+}
+
+// lstatAt stats rel in the merged tree; nil when it does not exist as a real path there.
+func lstatAt(rootfd int, rel string) (*unix.Stat_t, error) {
+	pfd, name, err := openParent(rootfd, rel)
+	if isNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("resolve %q: %w", rel, err)
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if isNotExist(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("stat %q: %w", rel, err)
+	}
+	return &st, nil
+}
+
+// attrsDiffer reports whether an existing directory's attributes differ from want.
+func attrsDiffer(rootfd int, rel string, want *Entry, have *unix.Stat_t) (bool, error) {
+	if have.Mode&0o7777 != want.Mode || have.Uid != want.UID || have.Gid != want.GID || have.Mtim.Nano() != want.Mtime {
+		return true, nil
+	}
+	pfd, name, err := openParent(rootfd, rel)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(pfd)
+	x, _, err := readXattrs(procPath(pfd, name))
+	if err != nil {
+		return false, err
+	}
+	return !sameXattrs(x, want.Xattrs), nil
+}
+
+func sameXattrs(a, b map[string][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || !bytes.Equal(v, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// upperOpaque reports whether rel is an opaque directory in the upper dir.
+func upperOpaque(upperfd int, rel string) bool {
+	pfd, name, err := openParent(upperfd, rel)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(pfd)
+	v, err := getXattr(procPath(pfd, name), "trusted.overlay.opaque")
+	return err == nil && string(v) == "y"
+}
+
+// mergedChildren lists directory rel of the merged tree.
+func mergedChildren(rootfd int, rel string) ([]string, error) {
+	fd, err := openBeneath(rootfd, rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW)
+	if err != nil {
+		return nil, fmt.Errorf("open merged %q: %w", rel, err)
+	}
+	defer unix.Close(fd)
+	return readDirNames(fd)
+}

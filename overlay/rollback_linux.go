@@ -1,0 +1,216 @@
+//go:build linux
+
+package overlay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/log"
+)
+
+// Rollback restores the merged tree to checkpoint req.Target: every path changed after it
+// (in later checkpoints or not yet captured) gets back its content, type, mode, owner, mtime,
+// xattrs, symlink target and hard links as of the target, or is removed if it did not exist
+// then; lower-dir paths changed since are restored from the lower content. All writes go
+// through the merged mount, never following a symlink the sandbox made. The caller keeps the
+// sandbox frozen.
+//
+// The target becomes the latest checkpoint: checkpoints after it are deleted. The index is
+// moved to the upper dir as the writes left it, so the next L1 capture is relative to the
+// target. A failed rollback can be retried; it recomputes what differs.
+func (s *Store) Rollback(ctx context.Context, req RollbackRequest) (*RollbackResult, error) {
+	start := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	res, err := s.rollback(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("rollback to %s: %w", req.Target, err)
+	}
+	log.L(ctx).Debug("overlay rolled back", "checkpoint", req.Target, "files_restored", res.FilesRestored,
+		"duration", time.Since(start))
+	return res, nil
+}
+
+func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackResult, error) {
+	pos, err := s.lookup(req.Target)
+	if err != nil {
+		return nil, err
+	}
+	fds, err := openRollbackRoots(req)
+	if err != nil {
+		return nil, err
+	}
+	defer fds.close()
+	res, err := scanUpper(ctx, fds.upper, s.idx, false, s.opts.workers)
+	if err != nil {
+		return nil, fmt.Errorf("scan upper dir: %w", err)
+	}
+	target := s.state
+	if pos != len(s.chain)-1 {
+		target = s.foldState(pos)
+	}
+	v, err := newView(target, req.Lower)
+	if err != nil {
+		return nil, err
+	}
+	defer v.close()
+	pl, err := s.plan(v, fds, s.changedAfter(pos, res))
+	if err != nil {
+		return nil, err
+	}
+	defer pl.close()
+	if err := pl.apply(fds.merged); err != nil {
+		return nil, err
+	}
+	if err := s.finishRollback(pos, fds.upper, res, pl, target); err != nil {
+		return nil, err
+	}
+	return &RollbackResult{FilesRestored: len(pl.done), Paths: pl.done}, nil
+}
+
+// rollbackRoots are the open roots of one rollback.
+type rollbackRoots struct{ merged, upper int }
+
+func (r rollbackRoots) close() {
+	unix.Close(r.merged)
+	unix.Close(r.upper)
+}
+
+// openRollbackRoots opens the merged and upper roots and checks that merged is an overlay.
+func openRollbackRoots(req RollbackRequest) (rollbackRoots, error) {
+	if req.Merged == "" || req.Upper == "" {
+		return rollbackRoots{}, fmt.Errorf("merged and upper dirs are required: %w", errdefs.ErrInvalidArgument)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(req.Merged, &sfs); err != nil {
+		return rollbackRoots{}, fmt.Errorf("statfs %s: %w", req.Merged, err)
+	}
+	if sfs.Type != unix.OVERLAYFS_SUPER_MAGIC {
+		return rollbackRoots{}, fmt.Errorf("%s is not an overlay mount: %w", req.Merged, errdefs.ErrFailedPrecondition)
+	}
+	m, err := openRoot(req.Merged)
+	if err != nil {
+		return rollbackRoots{}, err
+	}
+	u, err := openRoot(req.Upper)
+	if err != nil {
+		unix.Close(m)
+		return rollbackRoots{}, err
+	}
+	return rollbackRoots{merged: m, upper: u}, nil
+}
+
+// changedAfter returns every path changed after chain position pos: in later checkpoints
+// and in the upper dir since the latest one.
+func (s *Store) changedAfter(pos int, res *scanResult) map[string]bool {
+	set := map[string]bool{}
+	for _, m := range s.chain[pos+1:] {
+		for _, e := range m.Entries {
+			set[e.Path] = true
+		}
+	}
+	for _, c := range res.changed {
+		set[c.entry.Path] = true
+	}
+	for _, p := range res.gone {
+		set[p] = true
+	}
+	return set
+}
+
+// finishRollback moves the index to the new upper dir, records the rollback durably and drops
+// the checkpoints after the target.
+func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, target map[string]*Entry) error {
+	s.idx.apply(res)
+	if err := s.reindex(upperfd, pl); err != nil {
+		return err
+	}
+	rec := &rollbackRecord{Nonce: nonce(), Target: s.chain[pos].ID, Index: s.indexDelta(pos)}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(s.dir, rollbackFile), data, s.opts.sync); err != nil {
+		return fmt.Errorf("record rollback: %w", err)
+	}
+	s.pending = rec
+	s.state = target
+	return s.truncateAfter(pos)
+}
+
+// reindex re-stats, in the upper dir, every path the rollback wrote (and forgets the
+// subtrees it removed), so the index again describes the upper dir exactly.
+func (s *Store) reindex(upperfd int, pl *plan) error {
+	for _, p := range pl.removedDirs {
+		prefix := p + "/"
+		for q := range s.idx.keys {
+			if strings.HasPrefix(q, prefix) {
+				delete(s.idx.keys, q)
+			}
+		}
+	}
+	for p := range pl.touched {
+		pfd, name, err := openParent(upperfd, p)
+		var st unix.Stat_t
+		if err == nil {
+			err = unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+			unix.Close(pfd)
+		}
+		switch {
+		case isNotExist(err):
+			delete(s.idx.keys, p)
+		case err != nil:
+			return fmt.Errorf("stat upper %q: %w", p, err)
+		default:
+			s.idx.keys[p] = &idxEntry{key: keyOf(&st), gen: s.idx.gen}
+		}
+	}
+	return nil
+}
+
+// indexDelta returns how the live index differs from the index persisted at chain position pos.
+func (s *Store) indexDelta(pos int) map[string]*Key {
+	base := s.foldIndex(pos)
+	delta := map[string]*Key{}
+	for p, ie := range s.idx.keys {
+		if k := base[p]; k == nil || *k != ie.key {
+			key := ie.key
+			delta[p] = &key
+		}
+	}
+	for p := range base {
+		if s.idx.keys[p] == nil {
+			delta[p] = nil
+		}
+	}
+	return delta
+}
+
+// nonce returns a random identifier for a rollback record.
+func nonce() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// sortDeepestFirst orders paths children before parents.
+func sortDeepestFirst(paths []string) {
+	sort.Slice(paths, func(i, j int) bool {
+		di, dj := depth(paths[i]), depth(paths[j])
+		if di != dj {
+			return di > dj
+		}
+		return paths[i] < paths[j]
+	})
+}

@@ -1,0 +1,346 @@
+//go:build linux
+
+package overlay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/log"
+)
+
+// Store is the layer store of one sandbox: a linear chain of checkpoints (IDs in capture
+// order) plus the in-memory change-detection index of the upper dir as of the latest
+// checkpoint or rollback. It is safe for concurrent use; operations are serialized.
+type Store struct {
+	mu      sync.Mutex
+	dir     string
+	opts    options
+	chain   []*manifest         // capture order; chain[len-1] is the latest
+	packs   map[string]*os.File // open pack files by checkpoint ID
+	idx     *index              // upper dir as of the latest checkpoint or rollback
+	state   map[string]*Entry   // upper state at the latest checkpoint
+	pending *rollbackRecord     // rollback not yet absorbed by a capture
+}
+
+// Option configures a Store.
+type Option func(*options)
+
+type options struct {
+	workers int
+	sync    bool
+	reflink bool
+}
+
+// WithScanWorkers sets how many goroutines stat the upper dir in parallel (default 2).
+func WithScanWorkers(n int) Option {
+	return func(o *options) {
+		if n > 0 {
+			o.workers = n
+		}
+	}
+}
+
+// WithoutSync skips fsync; for tests and benchmarks that measure the non-durable cost only.
+func WithoutSync() Option { return func(o *options) { o.sync = false } }
+
+// WithoutReflink disables FICLONE attempts (copy_file_range is used).
+func WithoutReflink() Option { return func(o *options) { o.reflink = false } }
+
+// rollbackRecord is the durable trace of a rollback: the target became the latest checkpoint
+// and the upper dir's index moved by Index (relative to the target's index).
+type rollbackRecord struct {
+	Nonce  string          `json:"nonce"`
+	Target string          `json:"target"`
+	Index  map[string]*Key `json:"index"`
+}
+
+const rollbackFile = "rollback.json"
+
+// NewStore opens (creating if needed) the layer store in dir. It drops leftovers of an
+// interrupted capture, finishes an interrupted rollback or delete, and rebuilds the index, so
+// a restarted daemon continues where the last durable checkpoint left off.
+func NewStore(dir string, opts ...Option) (*Store, error) {
+	o := options{workers: 2, sync: true, reflink: true}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create layer store %s: %w", dir, err)
+	}
+	s := &Store{dir: dir, opts: o, packs: map[string]*os.File{}}
+	if err := s.load(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open layer store %s: %w", dir, err)
+	}
+	return s, nil
+}
+
+// Close releases the open pack files.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, f := range s.packs {
+		f.Close()
+		delete(s.packs, id)
+	}
+	return nil
+}
+
+// Checkpoints lists the stored checkpoint IDs, oldest first.
+func (s *Store) Checkpoints() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]string, len(s.chain))
+	for i, m := range s.chain {
+		ids[i] = m.ID
+	}
+	return ids
+}
+
+// Latest returns the latest checkpoint ID ("" for an empty store).
+func (s *Store) Latest() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.latestID()
+}
+
+func (s *Store) latestID() string {
+	if len(s.chain) == 0 {
+		return ""
+	}
+	return s.chain[len(s.chain)-1].ID
+}
+
+// load reads every pack, orders the chain and rebuilds the in-memory state.
+func (s *Store) load() error {
+	names, err := os.ReadDir(s.dir)
+	if err != nil {
+		return err
+	}
+	for _, de := range names {
+		name := de.Name()
+		switch {
+		case strings.HasPrefix(name, tempPrefix), strings.HasPrefix(name, ".export-"):
+			_ = os.RemoveAll(filepath.Join(s.dir, name))
+		case strings.HasSuffix(name, packSuffix):
+			if err := s.loadPack(name); err != nil {
+				return err
+			}
+		}
+	}
+	sort.Slice(s.chain, func(i, j int) bool { return s.chain[i].Seq < s.chain[j].Seq })
+	if err := s.repairChain(); err != nil {
+		return err
+	}
+	if err := s.loadRollback(); err != nil {
+		return err
+	}
+	return s.rebuild()
+}
+
+// loadPack opens one pack and appends its manifest to the (unsorted) chain.
+func (s *Store) loadPack(name string) error {
+	f, err := os.Open(filepath.Join(s.dir, name))
+	if err != nil {
+		return err
+	}
+	m, err := readManifest(f)
+	if err != nil {
+		f.Close()
+		return err
+	}
+	if m.ID+packSuffix != name {
+		f.Close()
+		return fmt.Errorf("pack %s holds checkpoint %q: %w", name, m.ID, errdefs.ErrDataLoss)
+	}
+	s.packs[m.ID] = f
+	s.chain = append(s.chain, m)
+	return nil
+}
+
+// repairChain drops packs left behind by an interrupted Delete (a checkpoint whose successor
+// was already rewritten to absorb it names the deleted checkpoint's parent) and checks that
+// the rest is one linear chain.
+func (s *Store) repairChain() error {
+	for i := 0; i+1 < len(s.chain); {
+		cur, next := s.chain[i], s.chain[i+1]
+		switch {
+		case next.Parent == cur.ID:
+			i++
+		case next.Parent == cur.Parent:
+			if err := s.removePack(cur.ID); err != nil {
+				return err
+			}
+			s.chain = append(s.chain[:i], s.chain[i+1:]...)
+		default:
+			return fmt.Errorf("checkpoint %s names parent %q, want %q: %w", next.ID, next.Parent, cur.ID, errdefs.ErrDataLoss)
+		}
+	}
+	if len(s.chain) > 0 && !s.chain[0].Full {
+		return fmt.Errorf("first checkpoint %s is not self-contained: %w", s.chain[0].ID, errdefs.ErrDataLoss)
+	}
+	return nil
+}
+
+// loadRollback finishes an interrupted rollback (drops checkpoints after its target) or
+// discards a rollback record already absorbed by a later capture.
+func (s *Store) loadRollback() error {
+	data, err := os.ReadFile(filepath.Join(s.dir, rollbackFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var rec rollbackRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return fmt.Errorf("decode %s: %w", rollbackFile, err)
+	}
+	for _, m := range s.chain {
+		if m.Rollback == rec.Nonce {
+			return os.Remove(filepath.Join(s.dir, rollbackFile))
+		}
+	}
+	pos := s.position(rec.Target)
+	if pos < 0 {
+		return fmt.Errorf("rollback target %s is missing: %w", rec.Target, errdefs.ErrDataLoss)
+	}
+	if err := s.truncateAfter(pos); err != nil {
+		return err
+	}
+	s.pending = &rec
+	return nil
+}
+
+// rebuild recomputes the latest state and index from the chain (and a pending rollback).
+func (s *Store) rebuild() error {
+	s.state = map[string]*Entry{}
+	s.idx = newIndex(nil)
+	if len(s.chain) == 0 {
+		return nil
+	}
+	n := len(s.chain) - 1
+	s.state = s.foldState(n)
+	keys := s.foldIndex(n)
+	if s.pending != nil {
+		applyKeys(keys, s.pending.Index)
+	}
+	s.idx = newIndex(keys)
+	return nil
+}
+
+// position returns the chain position of id, or -1.
+func (s *Store) position(id string) int {
+	for i, m := range s.chain {
+		if m.ID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// base returns the position of the last self-contained checkpoint at or before pos.
+func (s *Store) base(pos int) int {
+	for i := pos; i > 0; i-- {
+		if s.chain[i].Full {
+			return i
+		}
+	}
+	return 0
+}
+
+// foldState replays the chain up to pos into the upper state at that checkpoint.
+func (s *Store) foldState(pos int) map[string]*Entry {
+	st := map[string]*Entry{}
+	for i := s.base(pos); i <= pos; i++ {
+		applyEntries(st, s.chain[i].Entries)
+	}
+	return st
+}
+
+// foldIndex replays the index deltas up to pos.
+func (s *Store) foldIndex(pos int) map[string]*Key {
+	keys := map[string]*Key{}
+	for i := s.base(pos); i <= pos; i++ {
+		applyKeys(keys, s.chain[i].Index)
+	}
+	return keys
+}
+
+// applyEntries applies a checkpoint's entries to a state.
+func applyEntries(st map[string]*Entry, entries []*Entry) {
+	for _, e := range entries {
+		if e.Kind == KindGone {
+			delete(st, e.Path)
+			continue
+		}
+		st[e.Path] = e
+	}
+}
+
+// applyKeys applies index deltas (nil deletes).
+func applyKeys(dst, delta map[string]*Key) {
+	for p, k := range delta {
+		if k == nil {
+			delete(dst, p)
+			continue
+		}
+		dst[p] = k
+	}
+}
+
+// removePack closes and deletes a checkpoint's pack.
+func (s *Store) removePack(id string) error {
+	if f := s.packs[id]; f != nil {
+		f.Close()
+		delete(s.packs, id)
+	}
+	err := os.Remove(filepath.Join(s.dir, id+packSuffix))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove checkpoint %s: %w", id, err)
+	}
+	return nil
+}
+
+// truncateAfter deletes every checkpoint after chain position pos, newest first.
+func (s *Store) truncateAfter(pos int) error {
+	for len(s.chain) > pos+1 {
+		last := s.chain[len(s.chain)-1]
+		if err := s.removePack(last.ID); err != nil {
+			return err
+		}
+		s.chain = s.chain[:len(s.chain)-1]
+	}
+	if s.opts.sync {
+		return syncDir(s.dir)
+	}
+	return nil
+}
+
+// lookup returns the chain position of id or a NotFound error.
+func (s *Store) lookup(id string) (int, error) {
+	if err := validateID(id); err != nil {
+		return -1, err
+	}
+	pos := s.position(id)
+	if pos < 0 {
+		return -1, fmt.Errorf("checkpoint %s: %w", id, errdefs.ErrNotFound)
+	}
+	return pos, nil
+}
+
+// logger returns the context logger with the store's fields.
+func (s *Store) logger(ctx context.Context) context.Context {
+	return log.With(ctx, "layer_store", s.dir)
+}

@@ -1,0 +1,139 @@
+package overlay
+
+import (
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// Level says how much a checkpoint holds.
+type Level int
+
+const (
+	// L1 records only what changed in the upper dir since the parent checkpoint.
+	L1 Level = 1
+	// L2 records a full copy of the upper dir; it is self-contained.
+	L2 Level = 2
+)
+
+func (l Level) String() string {
+	switch l {
+	case L1:
+		return "L1"
+	case L2:
+		return "L2"
+	}
+	return fmt.Sprintf("Level(%d)", int(l))
+}
+
+// Kind is the type of a filesystem entry as recorded in a checkpoint.
+type Kind string
+
+// Entry kinds. KindWhiteout is overlayfs's deletion marker (a 0/0 character device) and
+// KindGone records that a path left the upper dir (it shows the lower content again, if any).
+const (
+	KindFile     Kind = "file"
+	KindDir      Kind = "dir"
+	KindSymlink  Kind = "symlink"
+	KindFifo     Kind = "fifo"
+	KindChar     Kind = "char"
+	KindBlock    Kind = "block"
+	KindSocket   Kind = "socket"
+	KindWhiteout Kind = "whiteout"
+	KindGone     Kind = "gone"
+)
+
+// Key is what change detection compares: a path whose key differs from the indexed one has
+// changed. ctime moves on every content, link-count, owner, mode and xattr change (Linux >=
+// 6.13 gives ext4/xfs/btrfs/tmpfs fine-grained ctimes once a ctime was observed), so together
+// with the inode number it is a sufficient change signal.
+type Key struct {
+	Ino   uint64 `json:"i"`
+	Ctime int64  `json:"c"`
+	Mtime int64  `json:"m"`
+	Size  int64  `json:"s"`
+	Mode  uint32 `json:"o"`
+}
+
+// Entry is the recorded state of one upper-dir path (relative, slash-separated).
+type Entry struct {
+	Path   string            `json:"p"`
+	Kind   Kind              `json:"k"`
+	Mode   uint32            `json:"mode,omitempty"` // permission and setuid/setgid/sticky bits
+	UID    uint32            `json:"uid,omitempty"`
+	GID    uint32            `json:"gid,omitempty"`
+	Mtime  int64             `json:"mtime,omitempty"` // nanoseconds since the epoch
+	Size   int64             `json:"size,omitempty"`
+	Rdev   uint64            `json:"rdev,omitempty"`
+	Target string            `json:"target,omitempty"` // symlink target, never resolved
+	Opaque bool              `json:"opaque,omitempty"` // trusted.overlay.opaque=y
+	Xattrs map[string][]byte `json:"xattrs,omitempty"`
+	Link   string            `json:"link,omitempty"` // hard-link group, shared by all its paths
+	Off    int64             `json:"off,omitempty"`  // content offset in the pack of ckpt
+
+	ckpt  string // checkpoint whose pack holds the content
+	lower string // for entries resolved from a lower dir: the layer root
+}
+
+// CaptureRequest asks for a checkpoint of a sandbox's upper dir.
+type CaptureRequest struct {
+	ID     string   // new checkpoint ID, a safe path component
+	Parent string   // the store's latest checkpoint, "" for the first one
+	Level  Level    // L1 (delta) or L2 (full)
+	Upper  string   // the overlay upper dir (read only)
+	Lower  []string // the overlay lower dirs, topmost first (recorded for Diff/Export)
+}
+
+// CaptureResult describes a stored checkpoint.
+type CaptureResult struct {
+	ID           string        `json:"id"`
+	Level        Level         `json:"level"`
+	FilesChanged int           `json:"files_changed"`
+	BytesCopied  int64         `json:"bytes_copied"`
+	Paths        []string      `json:"paths"`
+	Duration     time.Duration `json:"duration"`
+}
+
+// RollbackRequest asks to bring a sandbox's merged mount back to checkpoint Target.
+type RollbackRequest struct {
+	Merged string   // the mounted merged dir (written through)
+	Upper  string   // the upper dir (read only)
+	Lower  []string // the lower dirs, topmost first
+	Target string   // checkpoint to restore
+}
+
+// RollbackResult lists what a rollback restored.
+type RollbackResult struct {
+	FilesRestored int      `json:"files_restored"`
+	Paths         []string `json:"paths"`
+}
+
+// Change says how a path differs between two states.
+type Change string
+
+// Diff change kinds.
+const (
+	Added    Change = "added"
+	Modified Change = "modified"
+	Deleted  Change = "deleted"
+)
+
+// DiffEntry is one path that differs between two states of the merged tree.
+type DiffEntry struct {
+	Path   string `json:"path"`
+	Change Change `json:"change"`
+	Kind   Kind   `json:"kind"`
+	Size   int64  `json:"size"` // size in the newer state, or the deleted entry's size
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// validateID rejects checkpoint IDs that are not safe as a single path component.
+func validateID(id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("checkpoint id %q: want [A-Za-z0-9._-], at most 128 chars: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
