@@ -42,6 +42,7 @@ render_config() {
 	else
 		log "writing ${CONFIG}"
 		mv -f "${tmp}" "${CONFIG}"
+		! pid >/dev/null || log "config changed while containerd runs: 'stop' then 'start' to apply it"
 	fi
 }
 
