@@ -35,7 +35,6 @@ func (s *Server) handleExec(ctx context.Context, br *bufio.Reader, fw *initproto
 		replyStartError(fw, err)
 		return
 	}
-	defer s.forget(p)
 	st := s.supervise(ctx, p, io, br, fw, req)
 	_ = fw.Final(initproto.FrameExit, st)
 }
@@ -64,6 +63,7 @@ func (s *Server) supervise(ctx context.Context, p *process, io *pipes, br *bufio
 	cancelled := make(chan struct{})
 	go readClient(br, io.stdin, cancelled)
 	ws, timedOut := waitExit(ctx, p, req.Timeout, cancelled)
+	s.forget(p)
 	if io.stdin != nil {
 		io.stdin.Close()
 	}

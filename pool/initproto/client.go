@@ -22,6 +22,21 @@ type Client struct {
 // New returns a client for the init socket at socketPath (a host path).
 func New(socketPath string) *Client { return &Client{path: socketPath} }
 
+// Dial returns a client for the init socket at socketPath after checking, with one ping,
+// that the socket is safe to use and the init speaks this protocol version.
+func Dial(ctx context.Context, socketPath string) (*Client, error) {
+	c := New(socketPath)
+	resp, err := c.Ping(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Protocol != Version {
+		return nil, fmt.Errorf("init at %s speaks protocol %d, want %d: %w",
+			socketPath, resp.Protocol, Version, errdefs.ErrFailedPrecondition)
+	}
+	return c, nil
+}
+
 // Path returns the socket path the client dials.
 func (c *Client) Path() string { return c.path }
 
@@ -141,7 +156,18 @@ func decodeError(payload []byte) error {
 	if err := DecodeJSON(payload, &e); err != nil {
 		return err
 	}
-	return fmt.Errorf("init: %s: %w", e.Message, codeError(e.Code))
+	return fmt.Errorf("init: %s: %w", clip(e.Message), codeError(e.Code))
+}
+
+// maxMessage bounds strings from the sandbox that end up in host errors and logs.
+const maxMessage = 4 << 10
+
+// clip shortens a sandbox-provided message to maxMessage bytes.
+func clip(s string) string {
+	if len(s) <= maxMessage {
+		return s
+	}
+	return s[:maxMessage] + "...(truncated)"
 }
 
 func codeError(code string) error {

@@ -95,6 +95,7 @@ func exitStatus(payload []byte, outTrunc, errTrunc bool) (ExitStatus, error) {
 	if err := DecodeJSON(payload, &st); err != nil {
 		return ExitStatus{}, err
 	}
+	st.Error, st.Signal = clip(st.Error), clip(st.Signal)
 	st.StdoutTruncated = st.StdoutTruncated || outTrunc
 	st.StderrTruncated = st.StderrTruncated || errTrunc
 	return st, nil

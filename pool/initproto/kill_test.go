@@ -3,7 +3,9 @@ package initproto_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -90,9 +92,10 @@ func TestKillAllCatchesEscapedDaemons(t *testing.T) {
 		t.Fatalf("status %+v", st)
 	}
 	daemon := firstLinePid(t, out)
-	if !alive(daemon) {
-		t.Fatalf("daemon %d not running", daemon)
-	}
+	testutil.WaitFor(t, 5*time.Second, time.Millisecond, "the daemon to exec sleep", func() bool {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", daemon))
+		return string(b) == "sleep\n"
+	})
 	resp, err := p.client.Kill(context.Background(), initproto.KillRequest{Tag: "d"})
 	if err != nil || len(resp.Killed) != 0 || !alive(daemon) {
 		t.Fatalf("kill tag d with a scrubbed env should find nothing: %+v %v", resp, err)

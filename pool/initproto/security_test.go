@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -166,5 +167,35 @@ func TestSocketMode(t *testing.T) {
 	}
 	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket mode %v, want a socket with 0600", fi.Mode())
+	}
+}
+
+func TestHostileMessagesAreClipped(t *testing.T) {
+	long := strings.Repeat("x", 1<<20)
+	c := fakeInit(t, func(c net.Conn) {
+		initproto.WriteJSONFrame(c, initproto.FrameExit, initproto.ExitStatus{Code: 127, Error: long})
+	})
+	st, err := c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"x"}}, nil, nil, nil)
+	if err != nil || len(st.Error) > 5000 || st.Code != 127 {
+		t.Fatalf("got error of %d bytes, %v", len(st.Error), err)
+	}
+	e := fakeInit(t, func(c net.Conn) {
+		initproto.WriteJSONFrame(c, initproto.FrameError, initproto.ErrorResponse{Code: "internal", Message: long})
+	})
+	if _, err := e.Ping(context.Background()); err == nil || len(err.Error()) > 5000 {
+		t.Fatalf("error frame: %d bytes", len(fmt.Sprint(err)))
+	}
+}
+
+func TestDialChecksProtocol(t *testing.T) {
+	p := startInit(t)
+	if _, err := initproto.Dial(context.Background(), p.socket); err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	old := fakeInit(t, func(c net.Conn) {
+		initproto.WriteJSONFrame(c, initproto.FrameResult, initproto.PingResponse{Protocol: initproto.Version + 1})
+	})
+	if _, err := initproto.Dial(context.Background(), old.Path()); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("dial of another protocol version: %v", err)
 	}
 }
