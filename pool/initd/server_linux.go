@@ -24,6 +24,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// requestTimeout bounds how long a connection may take to send its request line.
+const requestTimeout = 10 * time.Second
+
 // Server serves the init protocol. Create it with New, then call Serve.
 type Server struct {
 	version     string
@@ -180,7 +183,9 @@ func (s *Server) handle(ctx context.Context, conn *net.UnixConn) {
 	defer conn.Close()
 	br := bufio.NewReaderSize(conn, 64<<10)
 	fw := initproto.NewFrameWriter(conn)
+	_ = conn.SetReadDeadline(time.Now().Add(requestTimeout))
 	req, err := initproto.ReadRequest(br)
+	_ = conn.SetReadDeadline(time.Time{})
 	if err != nil {
 		replyError(fw, initproto.CodeInvalidArgument, err)
 		return

@@ -2,7 +2,6 @@ package initproto
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -120,7 +119,9 @@ func EncodeRequest(req Request) ([]byte, error) {
 }
 
 // ReadRequest reads one request line from r, at most MaxRequestSize bytes. It does not
-// check the version: the server answers a mismatch with an error frame.
+// check the version (the server answers a mismatch with an error frame) and ignores
+// unknown fields, so optional fields can be added without a version bump: an init from an
+// older build may serve a newer daemon after an upgrade.
 func ReadRequest(r *bufio.Reader) (Request, error) {
 	var line []byte
 	for {
@@ -137,9 +138,7 @@ func ReadRequest(r *bufio.Reader) (Request, error) {
 		}
 	}
 	var req Request
-	dec := json.NewDecoder(bytes.NewReader(line))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := json.Unmarshal(line, &req); err != nil {
 		return Request{}, fmt.Errorf("decode request: %v: %w", err, ErrProtocol)
 	}
 	return req, nil
