@@ -296,7 +296,7 @@ func TestRollbackAndReopen(t *testing.T) {
 	patch(t, s, `[{"op":"add","path":"/plan","value":["a"]},{"op":"add","path":"/n","value":0}]`) // 1, 2
 	ck := s.Seq()
 	patch(t, s, `[{"op":"append","path":"/plan","value":"b"},{"op":"replace","path":"/n","value":1}]`) // 3, 4
-	patch(t, s, `[{"op":"move","from":"/plan/0","path":"/plan/-"},{"op":"remove","path":"/n"}]`)      // 5, 6
+	patch(t, s, `[{"op":"move","from":"/plan/0","path":"/plan/-"},{"op":"remove","path":"/n"}]`)       // 5, 6
 	n, err := s.RollbackTo(ctx, ck)
 	if err != nil || n != 4 {
 		t.Fatalf("RollbackTo(%d) = %d, %v; want 4 undone", ck, n, err)
