@@ -55,7 +55,8 @@ func newIndex(keys map[string]*Key) *index {
 
 // scanned is one upper-dir path the scan found new or changed.
 type scanned struct {
-	entry *Entry
+	rel   string
+	entry *Entry // nil when unchanged
 	st    unix.Stat_t
 }
 
@@ -136,7 +137,7 @@ func (w *walker) dir(rel string, st unix.Stat_t) {
 	}
 	for _, sd := range subdirs {
 		w.wg.Add(1)
-		go w.dir(sd.entry.Path, sd.st)
+		go w.dir(sd.rel, sd.st)
 	}
 }
 
@@ -203,7 +204,7 @@ func (w *walker) names(fd int, rel string, st *unix.Stat_t) ([]string, error) {
 // statEntry stats one path; the result has an entry only if the path is new or changed.
 func (w *walker) statEntry(dirfd int, rel string) (*scanned, error) {
 	_, name := splitPath(rel)
-	c := &scanned{}
+	c := &scanned{rel: rel}
 	if err := unix.Fstatat(dirfd, name, &c.st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return nil, nil

@@ -1,0 +1,128 @@
+//go:build linux
+
+package overlay
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestRollbackRestoresEachChangeKind(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	base := walkTree(t, f.merged)
+	applyEveryChangeKind(t, f)
+	f.capture(t, "c1", L1)
+	afterC1 := walkTree(t, f.merged)
+
+	// Uncaptured changes on top of c1, each kind again, undone by rolling back to c1.
+	putFile(t, f.m("new/file.txt"), "rewritten")
+	must(t, os.Remove(f.m("new/link")))
+	must(t, os.Symlink("elsewhere", f.m("new/link")))
+	must(t, os.Chmod(f.m("data/a.txt"), 0o600))
+	must(t, unix.Lsetxattr(f.m("data/sub/c.txt"), "user.tag", []byte("v2"), 0))
+	must(t, unix.Lremovexattr(f.m("keep/k.txt"), "trusted.note"))
+	must(t, os.RemoveAll(f.m("etc/conf")))
+	must(t, os.RemoveAll(f.m("data/sub")))
+	must(t, os.Remove(f.m("etc/hosts.link")))
+	must(t, os.Mkdir(f.m("etc/hosts.link"), 0o755))
+	must(t, os.Chtimes(f.m("keep"), time.Unix(1, 0), time.Unix(1, 0)))
+	res := f.rollback(t, "c1")
+	if res.FilesRestored == 0 || res.FilesRestored != len(res.Paths) {
+		t.Fatalf("rollback result %+v", res)
+	}
+	assertTree(t, afterC1, walkTree(t, f.merged), true)
+
+	// Back to the start, across a stored checkpoint: lower content comes back.
+	f.rollback(t, "c0")
+	assertTree(t, base, walkTree(t, f.merged), true)
+	if got := f.s.Checkpoints(); len(got) != 1 || got[0] != "c0" {
+		t.Fatalf("rollback must discard later checkpoints, have %v", got)
+	}
+	// The index follows the rolled-back upper dir: the next L1 sees only new changes.
+	putFile(t, f.m("keep/k.txt"), "after")
+	res2 := f.capture(t, "c1b", L1)
+	for _, p := range res2.Paths {
+		if p != "keep" && p != "keep/k.txt" {
+			t.Fatalf("capture after rollback recorded unrelated path %q (all: %v)", p, res2.Paths)
+		}
+	}
+}
+
+func TestRollbackIsNotFooledBySymlinkEscape(t *testing.T) {
+	f := newFixture(t, standardLower)
+	host := t.TempDir()
+	canary := filepath.Join(host, "canary")
+	must(t, os.WriteFile(canary, []byte("do not touch"), 0o644))
+	old := time.Unix(1_000_000, 0)
+	must(t, os.Chtimes(canary, old, old))
+	must(t, os.Chtimes(host, old, old))
+
+	putFile(t, f.m("work/dir/inner.txt"), "inner")
+	putFile(t, f.m("work/dir/canary"), "sandbox's own canary")
+	f.capture(t, "c0", L1)
+	want := walkTree(t, f.merged)
+
+	// Between checkpoints the sandbox swaps directories for symlinks to the host.
+	must(t, os.RemoveAll(f.m("work/dir")))
+	must(t, os.Symlink(host, f.m("work/dir")))
+	must(t, os.RemoveAll(f.m("data/sub")))
+	must(t, os.Symlink(host, f.m("data/sub")))
+	f.capture(t, "c1", L1)
+	must(t, os.Remove(f.m("work/dir")))
+	must(t, os.Symlink("../../../../../../../.."+host, f.m("work/dir")))
+
+	f.rollback(t, "c0")
+	assertTree(t, want, walkTree(t, f.merged), true)
+	got, err := os.ReadFile(canary)
+	must(t, err)
+	st, err := os.Stat(canary)
+	must(t, err)
+	hst, err := os.Stat(host)
+	must(t, err)
+	entries, err := os.ReadDir(host)
+	must(t, err)
+	if string(got) != "do not touch" || !st.ModTime().Equal(old) || !hst.ModTime().Equal(old) || len(entries) != 1 {
+		t.Fatalf("host dir touched: content %q mtime %v dir mtime %v entries %d", got, st.ModTime(), hst.ModTime(), len(entries))
+	}
+}
+
+func TestDeleteKeepsLaterCheckpointsRestorable(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	putFile(t, f.m("a/one.txt"), "one")
+	putFile(t, f.m("data/a.txt"), "A1")
+	f.capture(t, "c1", L1)
+	putFile(t, f.m("a/two.txt"), "two")
+	must(t, os.Remove(f.m("data/b.txt")))
+	f.capture(t, "c2", L1)
+	want := walkTree(t, f.merged)
+	putFile(t, f.m("a/three.txt"), "three")
+	f.capture(t, "c3", L1)
+
+	must(t, f.s.Delete(t.Context(), "c1"))
+	must(t, f.s.Delete(t.Context(), "c0"))
+	f.reopen(t)
+	if got := f.s.Checkpoints(); len(got) != 2 || got[0] != "c2" {
+		t.Fatalf("after deletes: %v", got)
+	}
+	f.rollback(t, "c2")
+	assertTree(t, want, walkTree(t, f.merged), true)
+}
+
+func TestRollbackUnknownTarget(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	_, err := f.s.Rollback(t.Context(), RollbackRequest{Merged: f.merged, Upper: f.upper, Target: "missing"})
+	if err == nil {
+		t.Fatal("rollback to a missing checkpoint succeeded")
+	}
+	_, err = f.s.Rollback(t.Context(), RollbackRequest{Merged: f.upper, Upper: f.upper, Target: "c0"})
+	if err == nil {
+		t.Fatal("rollback through a non-overlay dir succeeded")
+	}
+}
