@@ -7,6 +7,7 @@ package orchestrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,8 +17,11 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/pool"
 )
 
 // Options configure an Orchestrator.
@@ -28,6 +32,8 @@ type Options struct {
 	ConnectTimeout    time.Duration // how long to wait for containerd at start
 	CRIUPath          string        // criu binary
 	ObjectStoreURI    string        // where L3 snapshots go; empty: file://<root>/objects
+	InitBinary        string        // static deltabox-init to mount into sandboxes
+	Metrics           *prometheus.Registry
 }
 
 func (o *Options) setDefaults() {
@@ -53,6 +59,8 @@ type Orchestrator struct {
 	opts   Options
 	client *containerd.Client
 	criu   criu.Status
+	node   string
+	pools  *pool.Manager
 }
 
 // New connects to containerd (failing within ConnectTimeout, naming the address), prepares
@@ -67,11 +75,29 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		return nil, err
 	}
 	o := &Orchestrator{opts: opts, client: client}
-	o.criu = criu.NewChecker(opts.CRIUPath).Check(ctx)
+	if err := o.start(ctx); err != nil {
+		client.Close()
+		return nil, err
+	}
+	return o, nil
+}
+
+func (o *Orchestrator) start(ctx context.Context) (err error) {
+	o.criu = criu.NewChecker(o.opts.CRIUPath).Check(ctx)
 	if !o.criu.Available {
 		log.L(ctx).Warn("L3 checkpoints disabled", "reason", o.criu.Reason)
 	}
-	return o, nil
+	if o.node, err = nodeID(o.opts.Root); err != nil {
+		return err
+	}
+	initBin, err := installInit(o.opts.InitBinary, filepath.Join(o.opts.Root, "bin"))
+	if err != nil {
+		return err
+	}
+	o.pools, err = pool.NewManager(ctx, o.client, pool.Options{
+		Root: filepath.Join(o.opts.Root, "pool"), InitBinary: initBin, Node: o.node, Metrics: o.opts.Metrics,
+	})
+	return err
 }
 
 func connect(ctx context.Context, opts Options) (*containerd.Client, error) {
@@ -98,5 +124,10 @@ func connect(ctx context.Context, opts Options) (*containerd.Client, error) {
 
 // Close releases the containerd connection. Sandboxes keep running.
 func (o *Orchestrator) Close(ctx context.Context) error {
-	return o.client.Close()
+	var errs []error
+	if o.pools != nil {
+		errs = append(errs, o.pools.Close())
+	}
+	errs = append(errs, o.client.Close())
+	return errors.Join(errs...)
 }

@@ -31,8 +31,6 @@ func (o *Orchestrator) Handler() http.Handler {
 	return mux
 }
 
-// routes registers the routes of later features; it is extended as they land.
-func (o *Orchestrator) routes(mux *http.ServeMux) {}
 
 // handle adapts a function returning a value or an error to an http.HandlerFunc writing JSON.
 func handle(fn func(r *http.Request) (any, error)) http.HandlerFunc {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -34,7 +35,10 @@ func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.c
 
 func run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
-	err := app.Run(args)
+	err := app.Run(reorderArgs(app, args))
+	if err != nil && strings.HasPrefix(err.Error(), "Required flag") {
+		err = usageError{err}
+	}
 	var code exitCodeError
 	var usage usageError
 	switch {
@@ -77,6 +81,8 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 func commands() []*cli.Command {
 	return []*cli.Command{
 		versionCommand(), daemonCommand(), infoCommand(), configCommand(),
+		poolCommand(), leaseCommand(), releaseCommand(), lsCommand(), inspectCommand(),
+		execCommand(), cpCommand(),
 	}
 }
 

@@ -51,3 +51,20 @@ func TestConfigDefaultIsValid(t *testing.T) {
 		t.Fatalf("config default: exit %d\n%s", code, out)
 	}
 }
+
+func TestReorderArgs(t *testing.T) {
+	app := newApp(&bytes.Buffer{}, &bytes.Buffer{})
+	cases := map[string]string{
+		"deltabox pool create py --image x --min-ready 2":     "deltabox pool create --image x --min-ready 2 py",
+		"deltabox -o json pool create py --image=x":           "deltabox -o json pool create --image=x py",
+		"deltabox exec sb-1 --timeout 2s -- sh -c --x":        "deltabox exec --timeout 2s sb-1 -- sh -c --x",
+		"deltabox exec -i sb-1 -- cat":                        "deltabox exec -i sb-1 -- cat",
+		"deltabox --address /s exec sb-1 -e A=1 -- env --e x": "deltabox --address /s exec -e A=1 sb-1 -- env --e x",
+		"deltabox rollback sb-1 --force --to 3":               "deltabox rollback sb-1 --force --to 3",
+	}
+	for in, want := range cases {
+		if got := strings.Join(reorderArgs(app, strings.Fields(in)), " "); got != want {
+			t.Errorf("reorder %q:\n got  %q\n want %q", in, got, want)
+		}
+	}
+}

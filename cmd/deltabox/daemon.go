@@ -5,14 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
 	"github.com/deltabox/deltabox/internal/config"
@@ -35,6 +40,7 @@ func daemonCommand() *cli.Command {
 			&cli.StringFlag{Name: "containerd-address", Usage: "containerd socket (default from config: /run/containerd/containerd.sock)"},
 			&cli.StringFlag{Name: "namespace", Usage: "containerd namespace (default from config: deltabox)"},
 			&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error"},
+			&cli.StringFlag{Name: "init-binary", Usage: "static deltabox-init (default: next to this binary)"},
 		},
 		Action: runDaemon,
 	}
@@ -80,13 +86,16 @@ func runDaemon(c *cli.Context) error {
 	slog.SetDefault(newLogger(cfg.Log, c.App.ErrWriter))
 	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	return serve(ctx, cfg)
+	return serve(ctx, cfg, initBinaryPath(c.String("init-binary")))
 }
 
-func serve(ctx context.Context, cfg config.Config) error {
+func serve(ctx context.Context, cfg config.Config, initBinary string) error {
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	o, err := orchestrator.New(ctx, orchestrator.Options{
 		Root: cfg.Root, ContainerdAddress: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
-		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI,
+		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI, InitBinary: initBinary,
+		Metrics: registry,
 	})
 	if err != nil {
 		return err
@@ -98,6 +107,9 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	l, err := orchestrator.Listen(cfg.Address, gid)
 	if err != nil {
+		return err
+	}
+	if err := serveMetrics(ctx, cfg.Metrics.Address, registry); err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: o.Handler(), ReadHeaderTimeout: 10 * time.Second}
@@ -118,6 +130,35 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	_ = os.Remove(cfg.Address)
 	log.L(ctx).Info("daemon stopped")
+	return nil
+}
+
+// initBinaryPath returns the flag's value, or deltabox-init next to this executable.
+func initBinaryPath(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(exe), "deltabox-init")
+}
+
+// serveMetrics serves /metrics on addr (TCP) until ctx ends; an empty addr disables it.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) error {
+	if addr == "" {
+		return nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(l)
+	context.AfterFunc(ctx, func() { srv.Close() })
 	return nil
 }
 

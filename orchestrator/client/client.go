@@ -69,8 +69,8 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	return nil
 }
 
-// send issues the request and turns an error response into an error; the caller closes the
-// body of a successful response.
+// send issues a JSON request and turns an error response into an error; the caller closes
+// the body of a successful response.
 func (c *Client) send(ctx context.Context, method, path string, in any) (*http.Response, error) {
 	var body io.Reader
 	if in != nil {
@@ -80,11 +80,18 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 		}
 		body = bytes.NewReader(data)
 	}
+	return c.sendRaw(ctx, method, path, body, "application/json")
+}
+
+// sendRaw issues a request with the given body and content type.
+func (c *Client) sendRaw(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, "http://deltabox"+api.Version+path, body)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
 	resp, err := c.http.Do(req)
 	if uerr := (*url.Error)(nil); errors.As(err, &uerr) {
 		err = uerr.Err

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/pool"
+)
+
+func poolCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "pool",
+		Usage: "manage warm sandbox pools",
+		Subcommands: []*cli.Command{
+			poolCreateCommand(),
+			{Name: "ls", Usage: "list pools", Action: poolList},
+			{Name: "rm", Usage: "remove a pool and destroy its ready sandboxes", ArgsUsage: "NAME", Action: poolRemove,
+				Flags: []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "also destroy its leased sandboxes"}}},
+			{Name: "scale", Usage: "change how many sandboxes a pool keeps ready", ArgsUsage: "NAME", Action: poolScale,
+				Flags: []cli.Flag{&cli.IntFlag{Name: "min-ready", Required: true, Usage: "ready sandboxes to keep"}}},
+		},
+	}
+}
+
+func poolCreateCommand() *cli.Command {
+	return &cli.Command{
+		Name: "create", Usage: "create a pool of warm sandboxes from an image", ArgsUsage: "NAME",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "image", Required: true, Usage: "image reference in containerd"},
+			&cli.IntFlag{Name: "min-ready", Value: 1, Usage: "sandboxes kept ready"},
+			&cli.IntFlag{Name: "max", Usage: "most sandboxes (ready + leased); default 4 x min-ready"},
+			&cli.Float64Flag{Name: "cpus", Usage: "CPU limit in cores"},
+			&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 512m or 1g"},
+			&cli.Int64Flag{Name: "pids", Usage: "most processes"},
+			&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "K=V for every process (repeatable)"},
+			&cli.StringFlag{Name: "workdir", Usage: "default working directory of exec"},
+			&cli.StringSliceFlag{Name: "label", Usage: "K=V label (repeatable)"},
+			&cli.StringFlag{Name: "egress-policy", Usage: "egress policy YAML file"},
+		},
+		Action: poolCreate,
+	}
+}
+
+func poolCreate(c *cli.Context) error {
+	if err := exactArgs(c, 1, "NAME"); err != nil {
+		return err
+	}
+	t := api.Template{
+		Name: c.Args().First(), Image: c.String("image"), MinReady: c.Int("min-ready"), Max: c.Int("max"),
+		CPUs: c.Float64("cpus"), Pids: c.Int64("pids"), Env: c.StringSlice("env"), Workdir: c.String("workdir"),
+	}
+	var err error
+	if t.Labels, err = parseKV(c.StringSlice("label"), "--label"); err != nil {
+		return err
+	}
+	if m := c.String("memory"); m != "" {
+		if t.MemoryBytes, err = pool.ParseMemory(m); err != nil {
+			return usageError{err}
+		}
+	}
+	if f := c.String("egress-policy"); f != "" {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("read egress policy: %w", err)
+		}
+		t.EgressPolicy = string(data)
+	}
+	p, err := newClient(c).CreatePool(c.Context, t)
+	if err != nil {
+		return err
+	}
+	return printResult(c, p, func(w io.Writer) { printPools(w, []api.PoolInfo{p}) })
+}
+
+func poolList(c *cli.Context) error {
+	if err := exactArgs(c, 0, ""); err != nil {
+		return err
+	}
+	ps, err := newClient(c).Pools(c.Context)
+	if err != nil {
+		return err
+	}
+	return printResult(c, ps, func(w io.Writer) { printPools(w, ps) })
+}
+
+func poolRemove(c *cli.Context) error {
+	if err := exactArgs(c, 1, "NAME"); err != nil {
+		return err
+	}
+	name := c.Args().First()
+	if err := newClient(c).RemovePool(c.Context, name, c.Bool("force")); err != nil {
+		return err
+	}
+	return printResult(c, map[string]string{"removed": name}, func(w io.Writer) { fmt.Fprintln(w, name) })
+}
+
+func poolScale(c *cli.Context) error {
+	if err := exactArgs(c, 1, "NAME"); err != nil {
+		return err
+	}
+	p, err := newClient(c).ScalePool(c.Context, c.Args().First(), c.Int("min-ready"))
+	if err != nil {
+		return err
+	}
+	return printResult(c, p, func(w io.Writer) { printPools(w, []api.PoolInfo{p}) })
+}
+
+func printPools(w io.Writer, ps []api.PoolInfo) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	defer tw.Flush()
+	fmt.Fprintln(tw, "NAME\tIMAGE\tREADY\tLEASED\tCREATING\tMIN_READY\tMAX")
+	for _, p := range ps {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", p.Name, p.Image, p.Ready, p.Leased, p.Creating, p.MinReady, p.Max)
+	}
+}
+
+// parseKV parses repeated K=V flags into a map.
+func parseKV(items []string, flag string) (map[string]string, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(items))
+	for _, kv := range items {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, usagef("%s %q: want K=V", flag, kv)
+		}
+		out[k] = v
+	}
+	return out, nil
+}

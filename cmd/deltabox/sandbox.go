@@ -1,0 +1,111 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+func leaseCommand() *cli.Command {
+	return &cli.Command{
+		Name: "lease", Usage: "take a ready sandbox from a pool and print its ID",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "pool", Required: true, Usage: "pool to lease from"},
+			&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "K=V for this lease (repeatable)"},
+			&cli.StringSliceFlag{Name: "label", Usage: "K=V label for this lease (repeatable)"},
+		},
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 0, ""); err != nil {
+				return err
+			}
+			labels, err := parseKV(c.StringSlice("label"), "--label")
+			if err != nil {
+				return err
+			}
+			l, err := newClient(c).Lease(c.Context, c.String("pool"), api.LeaseRequest{Env: c.StringSlice("env"), Labels: labels})
+			if err != nil {
+				return err
+			}
+			return printResult(c, l, func(w io.Writer) { fmt.Fprintln(w, l.ID) })
+		},
+	}
+}
+
+func releaseCommand() *cli.Command {
+	return &cli.Command{
+		Name: "release", Usage: "give a sandbox back to its pool (its processes, files and env are wiped)", ArgsUsage: "ID",
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "ID"); err != nil {
+				return err
+			}
+			id := c.Args().First()
+			if err := newClient(c).Release(c.Context, id); err != nil {
+				return err
+			}
+			return printResult(c, map[string]string{"released": id}, func(w io.Writer) { fmt.Fprintln(w, id) })
+		},
+	}
+}
+
+func lsCommand() *cli.Command {
+	return &cli.Command{
+		Name: "ls", Usage: "list leased sandboxes",
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 0, ""); err != nil {
+				return err
+			}
+			sbs, err := newClient(c).Sandboxes(c.Context)
+			if err != nil {
+				return err
+			}
+			return printResult(c, sbs, func(w io.Writer) { printSandboxes(w, sbs) })
+		},
+	}
+}
+
+func inspectCommand() *cli.Command {
+	return &cli.Command{
+		Name: "inspect", Usage: "show a leased sandbox", ArgsUsage: "ID",
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "ID"); err != nil {
+				return err
+			}
+			sb, err := newClient(c).Sandbox(c.Context, c.Args().First())
+			if err != nil {
+				return err
+			}
+			return printResult(c, sb, func(w io.Writer) { printSandbox(w, sb) })
+		},
+	}
+}
+
+func printSandboxes(w io.Writer, sbs []api.Sandbox) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	defer tw.Flush()
+	fmt.Fprintln(tw, "ID\tPOOL\tIMAGE\tLEASED")
+	for _, s := range sbs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s ago\n", s.ID, s.Pool, s.Image, time.Since(s.LeasedAt).Round(time.Second))
+	}
+}
+
+func printSandbox(w io.Writer, s api.Sandbox) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	defer tw.Flush()
+	fmt.Fprintf(tw, "ID:\t%s\nPool:\t%s\nImage:\t%s\nContainer:\t%s\nLeased at:\t%s\nEnv:\t%s\n",
+		s.ID, s.Pool, s.Image, s.Container, s.LeasedAt.Format(time.RFC3339), strings.Join(s.Env, " "))
+	keys := make([]string, 0, len(s.Labels))
+	for k := range s.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(tw, "Label:\t%s=%s\n", k, s.Labels[k])
+	}
+}

@@ -1,0 +1,110 @@
+package orchestrator
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/pool"
+)
+
+// maxExecHeader bounds the JSON line that starts an exec request.
+const maxExecHeader = 1 << 20
+
+// exec runs a command in a sandbox and streams its output as JSON lines (api.ExecEvent).
+func (o *Orchestrator) exec(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	id := r.PathValue("id")
+	body := bufio.NewReaderSize(r.Body, 64<<10)
+	req, err := readExecRequest(body)
+	if err == nil {
+		_, err = o.pools.Get(id)
+	}
+	if err != nil {
+		writeError(ctx, w, err)
+		return
+	}
+	_ = http.NewResponseController(w).EnableFullDuplex()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	ew := &eventWriter{w: w, rc: http.NewResponseController(w)}
+	var stdin io.Reader
+	if req.Stdin {
+		stdin = body
+	}
+	st, err := o.pools.Exec(ctx, id, pool.ExecRequest{
+		Argv: req.Argv, Env: req.Env, Workdir: req.Workdir, User: req.User,
+		Timeout: req.Timeout, OutputCap: req.OutputCap, Tag: req.Tag,
+	}, stdin, ew.stream(false), ew.stream(true))
+	if err != nil {
+		code, _ := api.FromError(err)
+		ew.send(api.ExecEvent{Error: &api.Error{Code: code, Message: err.Error()}})
+		return
+	}
+	ew.send(api.ExecEvent{Exit: &st})
+}
+
+func readExecRequest(r *bufio.Reader) (api.ExecRequest, error) {
+	var req api.ExecRequest
+	line, err := r.ReadSlice('\n')
+	if err != nil && !(err == io.EOF && len(line) > 0) {
+		return req, fmt.Errorf("read exec request line (at most %d bytes): %v: %w", maxExecHeader, err, errdefs.ErrInvalidArgument)
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, fmt.Errorf("decode exec request: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return req, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalidArgument)
+	}
+	if req.Timeout < 0 || req.OutputCap < 0 {
+		return req, fmt.Errorf("timeout and output cap must not be negative: %w", errdefs.ErrInvalidArgument)
+	}
+	return req, pool.ValidateEnv(req.Env)
+}
+
+// eventWriter serialises exec events onto the response and flushes each one.
+type eventWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (e *eventWriter) send(ev api.ExecEvent) error {
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, err := e.w.Write(append(data, '\n')); err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
+type streamWriter struct {
+	e      *eventWriter
+	stderr bool
+}
+
+func (e *eventWriter) stream(stderr bool) io.Writer { return streamWriter{e: e, stderr: stderr} }
+
+func (s streamWriter) Write(p []byte) (int, error) {
+	ev := api.ExecEvent{Stdout: p}
+	if s.stderr {
+		ev = api.ExecEvent{Stderr: p}
+	}
+	if err := s.e.send(ev); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
