@@ -31,7 +31,6 @@ func (o *Orchestrator) Handler() http.Handler {
 	return mux
 }
 
-
 // handle adapts a function returning a value or an error to an http.HandlerFunc writing JSON.
 func handle(fn func(r *http.Request) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {

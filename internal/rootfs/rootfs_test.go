@@ -88,7 +88,7 @@ func TestRefusesDotDotAndSymlinks(t *testing.T) {
 			_, err := dr.Extract("/escape/canary", tarOf(t, "f", "x"), ExtractOptions{})
 			return err
 		},
-		"entry with ..": func() error { _, err := dr.Extract("/d", tarOf(t, "d/../../x", "x"), ExtractOptions{}); return err },
+		"entry with ..":           func() error { _, err := dr.Extract("/d", tarOf(t, "d/../../x", "x"), ExtractOptions{}); return err },
 		"archive through symlink": func() error { return dr.Archive("escape/canary", &bytes.Buffer{}) },
 	}
 	for name, fn := range cases {
