@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"sync/atomic"
 	"time"
@@ -18,7 +19,15 @@ import (
 const pumpBuffer = 32 << 10
 
 // handleExec runs one exec request to completion and writes its exit frame.
-func (s *Server) handleExec(ctx context.Context, br *bufio.Reader, fw *initproto.FrameWriter, req *initproto.ExecRequest) {
+// session is one client connection: its buffered reader and serialized frame writer.
+type session struct {
+	conn *net.UnixConn
+	br   *bufio.Reader
+	fw   *initproto.FrameWriter
+}
+
+func (s *Server) handleExec(ctx context.Context, sess session, req *initproto.ExecRequest) {
+	fw := sess.fw
 	sp, err := s.prepare(req)
 	if err != nil {
 		replyStartError(fw, err)
@@ -35,7 +44,7 @@ func (s *Server) handleExec(ctx context.Context, br *bufio.Reader, fw *initproto
 		replyStartError(fw, err)
 		return
 	}
-	st := s.supervise(ctx, p, io, br, fw, req)
+	st := s.supervise(ctx, sess, p, io, req)
 	_ = fw.Final(initproto.FrameExit, st)
 }
 
@@ -56,12 +65,11 @@ func replyStartError(fw *initproto.FrameWriter, err error) {
 
 // supervise streams the output of p, feeds its stdin, enforces the timeout and client
 // cancellation, and returns its exit status once it exited and its output drained.
-func (s *Server) supervise(ctx context.Context, p *process, io *pipes, br *bufio.Reader,
-	fw *initproto.FrameWriter, req *initproto.ExecRequest) initproto.ExitStatus {
-	out := startPump(io.stdout, initproto.FrameStdout, fw, req.OutputCap)
-	errp := startPump(io.stderr, initproto.FrameStderr, fw, req.OutputCap)
+func (s *Server) supervise(ctx context.Context, sess session, p *process, io *pipes, req *initproto.ExecRequest) initproto.ExitStatus {
+	out := startPump(io.stdout, initproto.FrameStdout, sess.fw, req.OutputCap)
+	errp := startPump(io.stderr, initproto.FrameStderr, sess.fw, req.OutputCap)
 	cancelled := make(chan struct{})
-	go readClient(br, io.stdin, cancelled)
+	go readClient(sess, io.stdin, cancelled)
 	ws, timedOut := waitExit(ctx, p, req.Timeout, cancelled)
 	s.forget(p)
 	if io.stdin != nil {
@@ -101,20 +109,23 @@ func waitExit(ctx context.Context, p *process, timeout time.Duration, cancelled 
 
 // readClient feeds stdin frames to the command and closes cancelled when the client goes
 // away (or breaks the protocol), which kills the command.
-func readClient(br *bufio.Reader, stdin *os.File, cancelled chan<- struct{}) {
+func readClient(sess session, stdin *os.File, cancelled chan<- struct{}) {
 	defer close(cancelled)
 	var buf []byte
 	for {
-		t, payload, err := initproto.ReadFrame(br, &buf)
+		t, payload, err := initproto.ReadFrame(sess.br, &buf)
 		if err != nil {
 			return
 		}
 		switch t {
 		case initproto.FrameStdin:
-			if stdin != nil {
-				if _, err := stdin.Write(payload); err != nil {
-					stdin = nil // the command closed its stdin: drop the rest
-				}
+			if stdin == nil {
+				continue
+			}
+			if err := writeStdin(sess.conn, stdin, payload); errors.Is(err, errPeerGone) {
+				return
+			} else if err != nil {
+				stdin = nil // the command closed its stdin: drop the rest
 			}
 		case initproto.FrameStdinEOF:
 			if stdin != nil {
@@ -125,6 +136,44 @@ func readClient(br *bufio.Reader, stdin *os.File, cancelled chan<- struct{}) {
 			return
 		}
 	}
+}
+
+var errPeerGone = errors.New("client closed the connection")
+
+// writeStdin writes p to the command's stdin. A command that does not read its stdin
+// blocks the write, and with it the reading of the connection, so the write wakes up
+// regularly to check that the client is still there.
+func writeStdin(conn *net.UnixConn, stdin *os.File, p []byte) error {
+	for len(p) > 0 {
+		_ = stdin.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		n, err := stdin.Write(p)
+		p = p[n:]
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			if peerClosed(conn) {
+				return errPeerGone
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// peerClosed reports whether the client hung up, without reading from the connection.
+func peerClosed(conn *net.UnixConn) bool {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return true
+	}
+	closed := false
+	_ = rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		n, err := unix.Poll(fds, 0)
+		closed = err == nil && n > 0 && fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+	})
+	return closed
 }
 
 // busyDrainLimit bounds how long drain waits, past the grace, for pumps still forwarding

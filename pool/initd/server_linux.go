@@ -203,7 +203,7 @@ func (s *Server) handle(ctx context.Context, conn *net.UnixConn) {
 	case initproto.OpKill:
 		s.handleKill(ctx, fw, req.Kill)
 	case initproto.OpExec:
-		s.handleExec(ctx, br, fw, req.Exec)
+		s.handleExec(ctx, session{conn: conn, br: br, fw: fw}, req.Exec)
 	default:
 		replyError(fw, initproto.CodeInvalidArgument, fmt.Errorf("unknown op %q", req.Op))
 	}

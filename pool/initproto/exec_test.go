@@ -280,3 +280,23 @@ func TestExecSlowClientGetsAllOutput(t *testing.T) {
 		t.Fatalf("slow client got %d of 600000 bytes: %+v %v", w.n, st, err)
 	}
 }
+
+// endless is a stdin that never ends.
+type endless struct{}
+
+func (endless) Read(p []byte) (int, error) { return len(p), nil }
+
+func TestExecCancelWhileStdinBlocked(t *testing.T) {
+	p := startInit(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	// sleep never reads stdin: the init's stdin write blocks, yet the cancel must be seen.
+	_, err := p.client.Exec(ctx, initproto.ExecRequest{Argv: []string{"sleep", "100"}}, endless{}, nil, nil)
+	if err == nil {
+		t.Fatal("exec with a cancelled context succeeded")
+	}
+	testutil.WaitFor(t, 5*time.Second, 5*time.Millisecond, "the exec to be killed", func() bool {
+		procs, err := p.client.Procs(context.Background())
+		return err == nil && len(procs) == 0
+	})
+}
