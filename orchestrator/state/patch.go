@@ -1,7 +1,9 @@
 package state
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -125,7 +127,14 @@ func makeEntries(seq uint64, ops []Op, invs [][]Op, checkpoint string) []Entry {
 	now := time.Now().UTC()
 	entries := make([]Entry, len(ops))
 	for i, o := range ops {
-		entries[i] = Entry{Seq: seq + uint64(i) + 1, Checkpoint: checkpoint, Op: o.clone(), Inverse: invs[i], Time: now}
+		o = o.clone()
+		if len(o.Value) > 0 { // as the log stores it, so Log reads the same before and after a reopen
+			var buf bytes.Buffer
+			if json.Compact(&buf, o.Value) == nil {
+				o.Value = buf.Bytes()
+			}
+		}
+		entries[i] = Entry{Seq: seq + uint64(i) + 1, Checkpoint: checkpoint, Op: o, Inverse: invs[i], Time: now}
 	}
 	return entries
 }
