@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -28,7 +27,10 @@ import (
 //
 // The target becomes the latest checkpoint: checkpoints after it are deleted. The index is
 // moved to the upper dir as the writes left it, so the next L1 capture is relative to the
-// target. A failed rollback can be retried; it recomputes what differs.
+// target; it also records the paths the rollback rewrote, as the upper dir now holds them.
+// Right after a rollback, Diff against the current upper dir may list those paths as
+// modified although their merged view equals the target. A failed rollback can be retried;
+// it recomputes what differs.
 func (s *Store) Rollback(ctx context.Context, req RollbackRequest) (*RollbackResult, error) {
 	start := time.Now()
 	s.mu.Lock()
@@ -65,7 +67,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 		return nil, err
 	}
 	defer v.close()
-	pl, err := s.plan(v, fds, s.changedAfter(pos, res))
+	pl, err := s.plan(v, fds, s.changedAfter(pos, target, res))
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +75,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 	if err := pl.apply(fds.merged); err != nil {
 		return nil, err
 	}
-	if err := s.finishRollback(pos, fds.upper, res, pl, target); err != nil {
+	if err := s.finishRollback(pos, res, pl, target); err != nil {
 		return nil, err
 	}
 	return &RollbackResult{FilesRestored: len(pl.done), Paths: pl.done}, nil
@@ -112,12 +114,20 @@ func openRollbackRoots(req RollbackRequest) (rollbackRoots, error) {
 }
 
 // changedAfter returns every path changed after chain position pos: in later checkpoints
-// and in the upper dir since the latest one.
-func (s *Store) changedAfter(pos int, res *scanResult) map[string]bool {
+// and in the upper dir since the latest one. A self-contained checkpoint records no "gone"
+// entries, so every path of the target's upper state that it lacks counts as changed.
+func (s *Store) changedAfter(pos int, target map[string]*Entry, res *scanResult) map[string]bool {
 	set := map[string]bool{}
 	for _, m := range s.chain[pos+1:] {
+		has := map[string]bool{}
 		for _, e := range m.Entries {
 			set[e.Path] = true
+			has[e.Path] = true
+		}
+		for p := range target {
+			if m.Full && !has[p] {
+				set[p] = true
+			}
 		}
 	}
 	for _, c := range res.changed {
@@ -131,11 +141,9 @@ func (s *Store) changedAfter(pos int, res *scanResult) map[string]bool {
 
 // finishRollback moves the index to the new upper dir, records the rollback durably and drops
 // the checkpoints after the target.
-func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, target map[string]*Entry) error {
+func (s *Store) finishRollback(pos int, res *scanResult, pl *plan, target map[string]*Entry) error {
 	s.idx.apply(res)
-	if err := s.reindex(upperfd, pl); err != nil {
-		return err
-	}
+	s.reindex(pl)
 	rec := &rollbackRecord{Nonce: nonce(), Target: s.chain[pos].ID, Index: s.indexDelta(pos)}
 	data, err := json.Marshal(rec)
 	if err != nil {
@@ -149,34 +157,18 @@ func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, targ
 	return s.truncateAfter(pos)
 }
 
-// reindex re-stats, in the upper dir, every path the rollback wrote (and forgets the
-// subtrees it removed), so the index again describes the upper dir exactly.
-func (s *Store) reindex(upperfd int, pl *plan) error {
-	for _, p := range pl.removedDirs {
-		prefix := p + "/"
-		for q := range s.idx.keys {
-			if strings.HasPrefix(q, prefix) {
-				delete(s.idx.keys, q)
-			}
-		}
-	}
+// reindex invalidates the index entries of every path the rollback wrote, so the next
+// capture records them as they now are in the upper dir. The merged view is back at the
+// target, but the upper dir may represent it differently than the target's record (a lower
+// file restored as an upper copy, a directory that stays opaque because overlayfs cannot
+// clear the flag through the merged mount); hiding that difference from the index would let
+// a later capture of, say, the opaque parent lose the copies. Paths the rollback created get
+// an (invalid) entry too, so that if they disappear before the next capture it records them
+// as gone. Removed subtrees keep their entries, so the next scan reports them gone.
+func (s *Store) reindex(pl *plan) {
 	for p := range pl.touched {
-		pfd, name, err := openParent(upperfd, p)
-		var st unix.Stat_t
-		if err == nil {
-			err = unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
-			unix.Close(pfd)
-		}
-		switch {
-		case isNotExist(err):
-			delete(s.idx.keys, p)
-		case err != nil:
-			return fmt.Errorf("stat upper %q: %w", p, err)
-		default:
-			s.idx.keys[p] = &idxEntry{key: keyOf(&st), gen: s.idx.gen}
-		}
+		s.idx.keys[p] = &idxEntry{gen: s.idx.gen}
 	}
-	return nil
 }
 
 // indexDelta returns how the live index differs from the index persisted at chain position pos.

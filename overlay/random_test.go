@@ -1,0 +1,227 @@
+//go:build linux
+
+package overlay
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestRandomizedRollback drives random file operations through the merged mount, takes
+// checkpoints at random points (recording a full walk of the merged tree), and rolls back to
+// random earlier checkpoints; the tree must then equal the recorded walk exactly (type, mode,
+// owner, size, content hash, symlink target, xattrs, hard-link grouping, mtime). It also
+// reopens the store and deletes checkpoints along the way. DELTABOX_OVERLAY_RANDOM_OPS and
+// DELTABOX_OVERLAY_RANDOM_SEED run it longer or differently.
+func TestRandomizedRollback(t *testing.T) {
+	ops, seed := envInt("DELTABOX_OVERLAY_RANDOM_OPS", 400), envInt("DELTABOX_OVERLAY_RANDOM_SEED", 1)
+	f := newFixture(t, standardLower)
+	r := &randomizer{t: t, f: f, rng: rand.New(rand.NewPCG(uint64(seed), 7)), walks: map[string]map[string]nodeInfo{}}
+	r.checkpoint(L1)
+	for i := 0; i < ops; i++ {
+		r.step(i)
+	}
+	ids := f.s.Checkpoints()
+	r.rollback(ids[r.rng.IntN(len(ids))])
+	t.Logf("seed %d: %d ops, %d checkpoints, %d rollbacks, %d reopens, %d deletes", seed, ops, r.n, r.rollbacks, r.reopens, r.deletes)
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+type randomizer struct {
+	t                              testing.TB
+	f                              *fixture
+	rng                            *rand.Rand
+	walks                          map[string]map[string]nodeInfo
+	n, rollbacks, reopens, deletes int
+}
+
+func (r *randomizer) step(i int) {
+	switch x := r.rng.Float64(); {
+	case x < 0.08:
+		lvl := L1
+		if r.rng.IntN(5) == 0 {
+			lvl = L2
+		}
+		r.checkpoint(lvl)
+	case x < 0.11:
+		ids := r.f.s.Checkpoints()
+		r.rollback(ids[r.rng.IntN(len(ids))])
+	case x < 0.125:
+		r.f.reopen(r.t)
+		r.reopens++
+		if os.Getenv("DELTABOX_OVERLAY_RANDOM_TRACE") != "" {
+			r.t.Logf("reopen")
+		}
+	case x < 0.14:
+		r.deleteOne()
+	default:
+		r.mutate(i)
+	}
+}
+
+func (r *randomizer) checkpoint(lvl Level) {
+	id := fmt.Sprintf("c%03d", r.n)
+	r.n++
+	res := r.f.capture(r.t, id, lvl)
+	if os.Getenv("DELTABOX_OVERLAY_RANDOM_TRACE") != "" {
+		r.t.Logf("checkpoint %s %s: %v", id, lvl, res.Paths)
+	}
+	r.walks[id] = walkTree(r.t, r.f.merged)
+}
+
+func (r *randomizer) rollback(id string) {
+	r.t.Helper()
+	r.rollbacks++
+	if tr := os.Getenv("DELTABOX_OVERLAY_RANDOM_TRACE"); tr != "" {
+		r.t.Logf("before rollback to %s: %s", id, debugChain(r.f.s, tr))
+	}
+	res := r.f.rollback(r.t, id)
+	if os.Getenv("DELTABOX_OVERLAY_RANDOM_TRACE") != "" {
+		r.t.Logf("rollback to %s restored %v", id, res.Paths)
+	}
+	if d := diffTrees(r.walks[id], walkTree(r.t, r.f.merged), true); len(d) > 0 {
+		if len(d) > 20 {
+			d = d[:20]
+		}
+		r.t.Fatalf("after rollback to %s (rollback #%d):\n%s", id, r.rollbacks, joinLines(d))
+	}
+}
+
+func (r *randomizer) deleteOne() {
+	ids := r.f.s.Checkpoints()
+	if len(ids) < 3 {
+		return
+	}
+	id := ids[r.rng.IntN(len(ids)-1)]
+	must(r.t, r.f.s.Delete(r.t.Context(), id))
+	if os.Getenv("DELTABOX_OVERLAY_RANDOM_TRACE") != "" {
+		r.t.Logf("deleted %s", id)
+	}
+	delete(r.walks, id)
+	r.deletes++
+}
+
+func joinLines(lines []string) string {
+	out := ""
+	for _, l := range lines {
+		out += l + "\n"
+	}
+	return out
+}
+
+// entries lists the merged tree's paths by type.
+func (r *randomizer) entries() (files, dirs, all []string) {
+	dirs = []string{""}
+	err := filepath.Walk(r.f.merged, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(r.f.merged, p)
+		if rel == "." {
+			return nil
+		}
+		all = append(all, rel)
+		switch {
+		case fi.IsDir():
+			dirs = append(dirs, rel)
+		case fi.Mode().IsRegular():
+			files = append(files, rel)
+		}
+		return nil
+	})
+	must(r.t, err)
+	sort.Strings(files)
+	sort.Strings(dirs)
+	sort.Strings(all)
+	return files, dirs, all
+}
+
+func (r *randomizer) pick(list []string) string {
+	if len(list) == 0 {
+		return ""
+	}
+	return list[r.rng.IntN(len(list))]
+}
+
+func (r *randomizer) content() []byte {
+	b := make([]byte, r.rng.IntN(3*4096))
+	for i := range b {
+		b[i] = byte(r.rng.IntN(256))
+	}
+	return b
+}
+
+// mutate performs one random operation; operations the kernel refuses (renaming a lower
+// directory without redirect_dir, linking a directory, ...) are simply skipped.
+func (r *randomizer) mutate(i int) {
+	files, dirs, all := r.entries()
+	newPath := r.f.m(filepath.Join(r.pick(dirs), fmt.Sprintf("n%d", i)))
+	file, dir, any := r.pick(files), r.pick(dirs[1:]), r.pick(all)
+	m := r.f.m
+	op := r.rng.IntN(15)
+	if os.Getenv("DELTABOX_OVERLAY_RANDOM_TRACE") != "" {
+		r.t.Logf("op %d kind %d new=%s file=%s dir=%s any=%s", i, op, newPath, file, dir, any)
+	}
+	switch op {
+	case 0:
+		_ = os.WriteFile(newPath, r.content(), 0o644)
+	case 1:
+		if file != "" {
+			_ = os.WriteFile(m(file), r.content(), 0o644)
+		}
+	case 2:
+		if fh, err := os.OpenFile(m(file), os.O_APPEND|os.O_WRONLY, 0); err == nil {
+			_, _ = fh.Write(r.content())
+			fh.Close()
+		}
+	case 3:
+		_ = os.Truncate(m(file), int64(r.rng.IntN(5000)))
+	case 4:
+		_ = unix.Fchmodat(unix.AT_FDCWD, m(any), []uint32{0o600, 0o644, 0o755, 0o700, 0o4755}[r.rng.IntN(5)], 0)
+	case 5:
+		ids := []int{0, 1000, 1234}
+		_ = os.Lchown(m(any), ids[r.rng.IntN(3)], ids[r.rng.IntN(3)])
+	case 6:
+		_ = os.Rename(m(any), newPath)
+	case 7:
+		_ = os.Link(m(file), newPath)
+	case 8:
+		_ = os.Symlink([]string{"/etc", "../data", "missing", "/"}[r.rng.IntN(4)], newPath)
+	case 9:
+		_ = os.Mkdir(newPath, 0o755)
+	case 10:
+		if dir != "" {
+			_ = os.RemoveAll(m(dir))
+		}
+	case 11:
+		if any != "" {
+			_ = os.Remove(m(any))
+		}
+	case 12:
+		target := r.pick(append(files, dirs[1:]...))
+		if target != "" {
+			_ = unix.Lsetxattr(m(target), fmt.Sprintf("user.k%d", r.rng.IntN(3)), r.content()[:r.rng.IntN(20)], 0)
+		}
+	case 13:
+		ts := time.Unix(int64(r.rng.IntN(1<<30)), int64(r.rng.IntN(1e9)))
+		_ = os.Chtimes(m(any), ts, ts)
+	case 14:
+		if target := r.pick(files); target != "" {
+			_ = unix.Lremovexattr(m(target), fmt.Sprintf("user.k%d", r.rng.IntN(3)))
+		}
+	}
+}
