@@ -2,6 +2,7 @@ package initproto_test
 
 import (
 	"context"
+	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -22,6 +23,20 @@ func BenchmarkExecTrue(b *testing.B) {
 		st, err := p.client.Exec(ctx, req, nil, nil, nil)
 		if err != nil || st.Code != 0 {
 			b.Fatalf("exec true: %+v %v", st, err)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	reportPercentiles(b, lat)
+}
+
+// BenchmarkBaselineOSExecTrue is the floor for BenchmarkExecTrue: the same binary run by
+// os/exec in the benchmark process itself (fork, exec, wait), with no init in between.
+func BenchmarkBaselineOSExecTrue(b *testing.B) {
+	lat := make([]time.Duration, 0, b.N)
+	for b.Loop() {
+		start := time.Now()
+		if err := exec.Command("/bin/true").Run(); err != nil {
+			b.Fatal(err)
 		}
 		lat = append(lat, time.Since(start))
 	}

@@ -60,7 +60,10 @@ func startWrapped(tb testing.TB, wrapper []string, env ...string) *initProc {
 	argv := append(slices.Clone(wrapper), initBinary, "-socket", socket, "-kill-timeout", "3s")
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = logWriter{tb}
+	if _, bench := tb.(*testing.B); bench {
+		cmd.Stderr = nil // benchmark output would print every log line
+	}
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("start init: %v", err)
 	}
@@ -145,4 +148,12 @@ func firstLinePid(t *testing.T, out string) int {
 		t.Fatalf("want a pid on the first line of %q: %v", out, err)
 	}
 	return pid
+}
+
+// logWriter sends the init's log lines to the test log (shown on failure or with -v).
+type logWriter struct{ tb testing.TB }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.tb.Logf("init: %s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }
