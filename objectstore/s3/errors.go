@@ -14,6 +14,9 @@ import (
 	"github.com/minio/minio-go/v7"
 )
 
+// errClosed is returned by reads after Close.
+var errClosed = errors.New("read after close")
+
 // mapErr wraps err with the operation and key and the errdefs class it belongs to. It is the
 // one place where minio-go's error type is inspected. A nil err stays nil.
 func mapErr(op, key string, err error) error {

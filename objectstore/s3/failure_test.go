@@ -136,3 +136,67 @@ func TestFailedUploadIsAborted(t *testing.T) {
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// TestDownloadResumesAcrossRestart kills the server in the middle of a download and starts
+// it again: the reader resumes where it stopped and delivers exactly the object.
+func TestDownloadResumesAcrossRestart(t *testing.T) {
+	srv := s3test.Start(t)
+	s := newStore(t, srv, "resume", s3.WithRetry(20, 50*time.Millisecond))
+	ctx := context.Background()
+	b := randomBytes(48 << 20)
+	if err := s.Put(ctx, "blob", bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	for _, rng := range []objectstore.Range{{}, {Offset: 3 << 20, Length: 40 << 20}} {
+		rc, err := s.Get(ctx, "blob", rng)
+		if err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		head := make([]byte, 1<<20)
+		if _, err := io.ReadFull(rc, head); err != nil {
+			t.Fatalf("read head: %v", err)
+		}
+		srv.Restart()
+		rest, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatalf("read across restart (range %+v): %v", rng, err)
+		}
+		end := int64(len(b))
+		if rng.Length > 0 {
+			end = rng.Offset + rng.Length
+		}
+		if got := append(head, rest...); !bytes.Equal(got, b[rng.Offset:end]) {
+			t.Fatalf("range %+v across restart: got %d bytes, want %d (contents differ)", rng, len(got), end-rng.Offset)
+		}
+	}
+}
+
+// TestDownloadRefusesReplacedObject replaces the object while a broken download waits to
+// resume: the reader must fail, not splice two versions.
+func TestDownloadRefusesReplacedObject(t *testing.T) {
+	srv := s3test.Start(t)
+	s := newStore(t, srv, "replace", s3.WithRetry(20, 50*time.Millisecond))
+	ctx := context.Background()
+	b := randomBytes(48 << 20)
+	if err := s.Put(ctx, "blob", bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := s.Get(ctx, "blob", objectstore.Range{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if _, err := io.ReadFull(rc, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	srv.Restart()
+	other := bytes.Repeat([]byte{7}, len(b))
+	if err := s.Put(ctx, "blob", bytes.NewReader(other), int64(len(other))); err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.ReadAll(rc)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("read after the object was replaced: %v, want ErrFailedPrecondition", err)
+	}
+}

@@ -14,7 +14,8 @@ import (
 	"github.com/deltabox/deltabox/objectstore/internal/base"
 )
 
-// Get opens the object, or the part rng selects, with one ranged GET.
+// Get opens the object, or the part rng selects, with a ranged GET; a download that breaks
+// midway resumes where it stopped (see resumingReader).
 func (s *Store) Get(ctx context.Context, key string, rng base.Range) (io.ReadCloser, error) {
 	if err := base.ValidateKey(key); err != nil {
 		return nil, err
@@ -24,8 +25,9 @@ func (s *Store) Get(ctx context.Context, key string, rng base.Range) (io.ReadClo
 		return nil, fmt.Errorf("s3 get %q: %w", key, err)
 	}
 	var body io.ReadCloser
+	var info minio.ObjectInfo
 	err = s.cfg.retry.do(ctx, "get", func(ctx context.Context) (err error) {
-		body, _, _, err = s.core.GetObject(ctx, s.bucket, s.objectKey(key), opts)
+		body, info, _, err = s.core.GetObject(ctx, s.bucket, s.objectKey(key), opts)
 		return err
 	})
 	if err != nil && rng.Offset == 0 && errors.Is(classify(err), errdefs.ErrInvalidArgument) {
@@ -35,7 +37,8 @@ func (s *Store) Get(ctx context.Context, key string, rng base.Range) (io.ReadClo
 	if err != nil {
 		return nil, mapErr("get", key, err)
 	}
-	return base.ReadCloser{Reader: base.ContextReader(ctx, body), Closer: body}, nil
+	rc := newResumingReader(ctx, s, key, rng.Offset, body, info)
+	return base.ReadCloser{Reader: base.ContextReader(ctx, rc), Closer: rc}, nil
 }
 
 func getOptions(rng base.Range) (minio.GetObjectOptions, error) {
