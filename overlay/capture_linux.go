@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -118,9 +117,6 @@ func (s *Store) addEntries(pw *packWriter, rootfd int, m *manifest, res *scanRes
 		e.ckpt = m.ID
 		k := keyOf(&c.st)
 		m.Index[e.Path] = &k
-		if c.st.Nlink > 1 && e.Kind != KindDir {
-			e.Link = m.ID + ":" + strconv.FormatUint(c.st.Ino, 10)
-		}
 		if e.Kind == KindFile && e.Size > 0 {
 			off, seen := offs[c.st.Ino]
 			if !seen {

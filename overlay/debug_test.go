@@ -15,7 +15,7 @@ func debugChain(s *Store, path string) string {
 	for _, m := range s.chain {
 		for _, e := range m.Entries {
 			if e.Path == path {
-				out += fmt.Sprintf("%s(full=%v): %s opaque=%v; ", m.ID, m.Full, e.Kind, e.Opaque)
+				out += fmt.Sprintf("%s(full=%v): %s opaque=%v link=%s; ", m.ID, m.Full, e.Kind, e.Opaque, e.Link)
 			}
 		}
 		if k, ok := m.Index[path]; ok {

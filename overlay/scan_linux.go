@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -222,8 +223,26 @@ func (w *walker) statEntry(dirfd int, rel string) (*scanned, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.st.Nlink > 1 && e.Kind != KindDir {
+		e.Link = linkID(dirfd, rel, &c.st)
+	}
 	c.entry = e
 	return c, nil
+}
+
+// linkID names the hard-link group of a multiply linked inode: its inode number and birth
+// time, which stay the same however its paths are captured (a directory rename makes new
+// paths for an unchanged inode) and differ from any later inode that reuses the number.
+// Without birth times (statx lacking STATX_BTIME) the inode number alone is used.
+func linkID(dirfd int, rel string, st *unix.Stat_t) string {
+	_, name := splitPath(rel)
+	var stx unix.Statx_t
+	id := strconv.FormatUint(st.Ino, 10)
+	err := unix.Statx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BTIME, &stx)
+	if err == nil && stx.Mask&unix.STATX_BTIME != 0 {
+		id += "." + strconv.FormatInt(stx.Btime.Sec, 10) + "." + strconv.FormatUint(uint64(stx.Btime.Nsec), 10)
+	}
+	return id
 }
 
 // describe records the full state of an upper-dir entry (contents are copied later).

@@ -70,7 +70,7 @@ type Entry struct {
 	Target string            `json:"target,omitempty"` // symlink target, never resolved
 	Opaque bool              `json:"opaque,omitempty"` // trusted.overlay.opaque=y
 	Xattrs map[string][]byte `json:"xattrs,omitempty"`
-	Link   string            `json:"link,omitempty"` // hard-link group, shared by all its paths
+	Link   string            `json:"link,omitempty"` // hard-link group (inode identity), shared by its paths
 	Off    int64             `json:"off,omitempty"`  // content offset in the pack of ckpt
 
 	ckpt  string // checkpoint whose pack holds the content
