@@ -94,3 +94,18 @@ func TestWrongCredentials(t *testing.T) {
 	}
 	t.Logf("error with wrong secret: %v", err)
 }
+
+// TestOpenWithEnvCredentials opens the store from a URI with the credentials in the
+// environment, as the daemon does.
+func TestOpenWithEnvCredentials(t *testing.T) {
+	srv := s3test.Start(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", srv.SecretKey)
+	st, err := objectstore.Open(context.Background(), srv.URI("env"))
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	if err := st.Put(context.Background(), "k", strings.NewReader("v"), 1); err != nil {
+		t.Fatalf("Put with env credentials: %v", err)
+	}
+}

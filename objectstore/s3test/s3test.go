@@ -79,6 +79,12 @@ func (s *Server) URI(prefix string) string {
 	return u.String()
 }
 
+// Env returns the environment variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) that give a
+// process such as the daemon the server's credentials.
+func (s *Server) Env() []string {
+	return []string{"AWS_ACCESS_KEY_ID=" + s.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s.SecretKey}
+}
+
 // Running reports whether the server process is up.
 func (s *Server) Running() bool {
 	s.mu.Lock()
