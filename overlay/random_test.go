@@ -184,14 +184,19 @@ func (r *randomizer) mutate(i int) {
 			_ = os.WriteFile(m(file), r.content(), 0o644)
 		}
 	case 2:
-		if fh, err := os.OpenFile(m(file), os.O_APPEND|os.O_WRONLY, 0); err == nil {
+		if fh, err := os.OpenFile(m(file), os.O_APPEND|os.O_WRONLY|unix.O_NOFOLLOW, 0); err == nil {
 			_, _ = fh.Write(r.content())
 			fh.Close()
 		}
 	case 3:
-		_ = os.Truncate(m(file), int64(r.rng.IntN(5000)))
+		if notSymlink(m(file)) {
+			_ = os.Truncate(m(file), int64(r.rng.IntN(5000)))
+		}
 	case 4:
-		_ = unix.Fchmodat(unix.AT_FDCWD, m(any), []uint32{0o600, 0o644, 0o755, 0o700, 0o4755}[r.rng.IntN(5)], 0)
+		// Never follow a symlink the "sandbox" made: it may point at the host's / or /etc.
+		if notSymlink(m(any)) {
+			_ = unix.Fchmodat(unix.AT_FDCWD, m(any), []uint32{0o600, 0o644, 0o755, 0o700, 0o4755}[r.rng.IntN(5)], 0)
+		}
 	case 5:
 		ids := []int{0, 1000, 1234}
 		_ = os.Lchown(m(any), ids[r.rng.IntN(3)], ids[r.rng.IntN(3)])
@@ -217,11 +222,18 @@ func (r *randomizer) mutate(i int) {
 			_ = unix.Lsetxattr(m(target), fmt.Sprintf("user.k%d", r.rng.IntN(3)), r.content()[:r.rng.IntN(20)], 0)
 		}
 	case 13:
-		ts := time.Unix(int64(r.rng.IntN(1<<30)), int64(r.rng.IntN(1e9)))
-		_ = os.Chtimes(m(any), ts, ts)
+		ts := unix.NsecToTimespec(time.Unix(int64(r.rng.IntN(1<<30)), int64(r.rng.IntN(1e9))).UnixNano())
+		_ = unix.UtimesNanoAt(unix.AT_FDCWD, m(any), []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW)
 	case 14:
 		if target := r.pick(files); target != "" {
 			_ = unix.Lremovexattr(m(target), fmt.Sprintf("user.k%d", r.rng.IntN(3)))
 		}
 	}
+}
+
+// notSymlink reports whether p exists and is not a symlink, so the random operations never
+// act on the host through a symlink the test made (targets include "/" and "/etc").
+func notSymlink(p string) bool {
+	fi, err := os.Lstat(p)
+	return err == nil && fi.Mode()&os.ModeSymlink == 0
 }
