@@ -51,6 +51,7 @@ func startDaemon(t *testing.T, extraArgs ...string) *daemon {
 	e := requireEnv(t)
 	dir := shortTempDir(t)
 	d := &daemon{t: t, env: e, root: filepath.Join(dir, "root"), address: filepath.Join(dir, "api.sock")}
+	t.Cleanup(func() { destroyNodeContainers(t, e, d.root) })
 	d.start(extraArgs...)
 	t.Cleanup(d.stop)
 	return d

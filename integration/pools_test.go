@@ -1,0 +1,302 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/orchestrator/client"
+)
+
+const (
+	busyboxImage = "deltabox.local/busybox:latest"
+	pythonImage  = "deltabox.local/python:3"
+)
+
+func (d *daemon) client() *client.Client { return client.New(d.address) }
+
+// createPool creates a pool through the CLI and waits until min-ready sandboxes are ready.
+func (d *daemon) createPool(name, image string, minReady int, extra ...string) {
+	d.t.Helper()
+	args := append([]string{"pool", "create", name, "--image", image, "--min-ready", fmt.Sprint(minReady)}, extra...)
+	d.cli(args...)
+	d.waitReady(name, minReady, 60*time.Second)
+}
+
+func (d *daemon) waitReady(name string, n int, timeout time.Duration) {
+	d.t.Helper()
+	testutil.WaitFor(d.t, timeout, 20*time.Millisecond, fmt.Sprintf("%d ready sandboxes in %s", n, name), func() bool {
+		p, err := d.client().Pool(context.Background(), name)
+		return err == nil && p.Ready >= n
+	})
+}
+
+func (d *daemon) lease(pool string, args ...string) api.Lease {
+	d.t.Helper()
+	var l api.Lease
+	d.cliJSON(&l, append([]string{"lease", "--pool", pool}, args...)...)
+	return l
+}
+
+func TestLeaseExecCopyRelease(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 2, "--env", "FROM_TEMPLATE=t")
+	l := d.lease("bb", "--env", "FROM_LEASE=l", "--label", "job=42")
+	if l.Cold || l.ID == "" || l.Pool != "bb" {
+		t.Fatalf("unexpected lease: %+v", l)
+	}
+	if out := d.cli("exec", l.ID, "--env", "FROM_EXEC=e", "--", "sh", "-c", "echo $FROM_TEMPLATE$FROM_LEASE$FROM_EXEC"); out != "tle\n" {
+		t.Errorf("env layering: got %q", out)
+	}
+	if _, _, code := d.cliRaw("exec", l.ID, "--", "sh", "-c", "exit 7"); code != 7 {
+		t.Errorf("exec exit code: got %d, want 7", code)
+	}
+	start := time.Now()
+	if _, _, code := d.cliRaw("exec", l.ID, "--timeout", "300ms", "--", "sh", "-c", "sleep 30 & sleep 30"); code != 137 || time.Since(start) > 10*time.Second {
+		t.Errorf("timeout: exit %d after %s", code, time.Since(start))
+	}
+	local := filepath.Join(shortTempDir(t), "in")
+	os.MkdirAll(filepath.Join(local, "sub"), 0o755)
+	os.WriteFile(filepath.Join(local, "sub", "f.txt"), []byte("payload"), 0o600)
+	d.cli("cp", local, l.ID+":/tmp/in")
+	if out := d.cli("exec", l.ID, "--", "cat", "/tmp/in/sub/f.txt"); out != "payload" {
+		t.Errorf("cp to sandbox: got %q", out)
+	}
+	back := filepath.Join(shortTempDir(t), "back")
+	d.cli("cp", l.ID+":/tmp/in", back)
+	if data, _ := os.ReadFile(filepath.Join(back, "sub", "f.txt")); string(data) != "payload" {
+		t.Errorf("cp from sandbox: got %q", data)
+	}
+	var sb api.Sandbox
+	d.cliJSON(&sb, "inspect", l.ID)
+	if sb.Labels["job"] != "42" {
+		t.Errorf("labels not bound: %+v", sb.Labels)
+	}
+	d.cli("release", l.ID)
+	_, errOut, code := d.cliRaw("exec", l.ID, "--", "true")
+	if code != 1 || !strings.Contains(errOut, "not found") {
+		t.Errorf("exec after release: exit %d, %q", code, errOut)
+	}
+	_, err := d.client().Exec(context.Background(), l.ID, api.ExecRequest{Argv: []string{"true"}}, nil, os.Stdout, os.Stderr)
+	if !errdefs.IsNotFound(err) {
+		t.Errorf("exec after release through the API: want not_found, got %v", err)
+	}
+}
+
+func TestExecStdinAndJSON(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1)
+	l := d.lease("bb")
+	cmd := runCLIStdin(d.env.bin, "hello stdin", "--address", d.address, "exec", "-i", l.ID, "--", "tr", "a-z", "A-Z")
+	if cmd != "HELLO STDIN" {
+		t.Errorf("stdin: got %q", cmd)
+	}
+	out, _, code := d.cliRaw("-o", "json", "exec", l.ID, "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+	if code != 3 {
+		t.Errorf("json exec exit code %d, want 3", code)
+	}
+	var lines []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("not a JSON line: %q", line)
+		}
+		lines = append(lines, m)
+	}
+	if len(lines) != 3 || lines[0]["stdout"] != "out\n" || lines[1]["stderr"] != "err\n" || lines[2]["exit"] == nil {
+		t.Errorf("unexpected JSON lines: %v", lines)
+	}
+}
+
+func TestReleaseLeaksNothing(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("one", busyboxImage, 1, "--max", "1")
+	first := d.lease("one", "--env", "SECRET=first-lease")
+	d.cli("exec", first.ID, "--", "sh", "-c", "echo leaked > /root/leak.txt; touch /tmp/leak2")
+	d.cli("exec", first.ID, "--", "sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 &")
+	d.cli("release", first.ID)
+	d.waitReady("one", 1, 30*time.Second)
+	second := d.lease("one")
+	if second.ID == first.ID {
+		t.Fatalf("re-lease returned the released ID %s", first.ID)
+	}
+	out := d.cli("exec", second.ID, "--", "sh", "-c", "ls /root/leak.txt /tmp/leak2 2>/dev/null; echo SECRET=$SECRET; ps -o args | grep 'sleep 1000' | grep -v grep || true")
+	if strings.Contains(out, "leak") || strings.Contains(out, "first-lease") || strings.Contains(out, "sleep 1000") {
+		t.Fatalf("previous lease leaked into the next one:\n%s", out)
+	}
+}
+
+func TestConcurrentLeasesAreDistinct(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("many", busyboxImage, 10, "--max", "60")
+	var mu sync.Mutex
+	ids, containers := map[string]bool{}, map[string]bool{}
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := d.client().Lease(context.Background(), "many", api.LeaseRequest{})
+			if err != nil {
+				errs <- err
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if ids[l.ID] || containers[l.Container] {
+				errs <- fmt.Errorf("lease handed out twice: %s / %s", l.ID, l.Container)
+			}
+			ids[l.ID], containers[l.Container] = true, true
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if len(ids) != 50 || len(containers) != 50 {
+		t.Fatalf("want 50 distinct leases, got %d IDs and %d containers", len(ids), len(containers))
+	}
+}
+
+func TestLeaseSurvivesRestart(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 2)
+	l := d.lease("bb")
+	d.cli("exec", l.ID, "--", "sh", "-c", "echo kept > /root/state.txt")
+	d.stop()
+	d.start()
+	if out := d.cli("exec", l.ID, "--", "cat", "/root/state.txt"); out != "kept\n" {
+		t.Fatalf("after restart: got %q", out)
+	}
+	d.waitReady("bb", 2, 30*time.Second)
+	var sbs []api.Sandbox
+	d.cliJSON(&sbs, "ls")
+	if len(sbs) != 1 || sbs[0].ID != l.ID {
+		t.Fatalf("want exactly the one leased sandbox after restart, got %+v", sbs)
+	}
+	d.kill() // crash: no clean shutdown
+	d.start()
+	d.cli("exec", l.ID, "--", "true")
+}
+
+func TestPoolRefillsWithinThreeSeconds(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("refill", busyboxImage, 10, "--max", "30")
+	for range 10 {
+		d.lease("refill")
+	}
+	start := time.Now()
+	d.waitReady("refill", 10, 3*time.Second)
+	t.Logf("refilled 10 sandboxes in %s", time.Since(start))
+}
+
+func TestPoolBadInput(t *testing.T) {
+	d := startDaemon(t)
+	ctx := context.Background()
+	_, errOut, code := d.cliRaw("pool", "create", "ghost", "--image", "deltabox.local/ghost:1")
+	if code != 1 || !strings.Contains(errOut, "deltabox.local/ghost:1") {
+		t.Errorf("missing image: exit %d, %q", code, errOut)
+	}
+	if _, err := d.client().Lease(ctx, "nope", api.LeaseRequest{}); !errdefs.IsNotFound(err) {
+		t.Errorf("lease from unknown pool: want not_found, got %v", err)
+	}
+	_, errOut, code = d.cliRaw("pool", "create", "x", "--image", busyboxImage, "--memory", "12parsecs")
+	if code != 2 || !strings.Contains(errOut, "12parsecs") {
+		t.Errorf("--memory 12parsecs: exit %d, %q", code, errOut)
+	}
+	_, err := d.client().CreatePool(ctx, api.Template{Name: "x", Image: busyboxImage, MemoryBytes: -5})
+	if !errdefs.IsInvalidArgument(err) {
+		t.Errorf("negative memory through the API: want invalid_argument, got %v", err)
+	}
+}
+
+func TestCopyRefusesEscapes(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1)
+	l := d.lease("bb")
+	canaryDir := shortTempDir(t)
+	canary := filepath.Join(canaryDir, "canary")
+	os.WriteFile(canary, []byte("host"), 0o644)
+	src := filepath.Join(shortTempDir(t), "f")
+	os.WriteFile(src, []byte("evil"), 0o644)
+	d.cli("exec", l.ID, "--", "ln", "-s", canaryDir, "/tmp/escape")
+	for _, dest := range []string{"/../../" + canaryDir + "/canary", "/tmp/escape/canary", "/tmp/escape/new"} {
+		_, errOut, code := d.cliRaw("cp", src, l.ID+":"+dest)
+		if code == 0 || !(strings.Contains(errOut, "climbs out") || strings.Contains(errOut, "symlink")) {
+			t.Errorf("cp to %s: exit %d, %q", dest, code, errOut)
+		}
+	}
+	if _, _, code := d.cliRaw("cp", l.ID+":/tmp/escape/canary", filepath.Join(shortTempDir(t), "x")); code == 0 {
+		t.Errorf("cp from a path through a symlink succeeded")
+	}
+	if data, _ := os.ReadFile(canary); string(data) != "host" {
+		t.Fatalf("host canary changed: %q", data)
+	}
+	if _, err := os.Stat(filepath.Join(canaryDir, "new")); err == nil {
+		t.Fatal("cp created a file on the host through a sandbox symlink")
+	}
+}
+
+func TestLimitsContainOneSandbox(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("tight", pythonImage, 2, "--memory", "64m", "--pids", "64")
+	bomb, other := d.lease("tight"), d.lease("tight")
+	// Fork bomb: the pids limit stops it; the command is killed by its timeout.
+	d.cliRaw("exec", bomb.ID, "--timeout", "3s", "--", "sh", "-c", "b() { b | b & }; b")
+	// OOM: the kernel kills the allocation inside the sandbox.
+	_, _, code := d.cliRaw("exec", bomb.ID, "--timeout", "20s", "--", "python3", "-c", "x = bytearray(512 << 20); print(len(x))")
+	if code == 0 {
+		t.Errorf("allocating 512 MiB under a 64 MiB limit succeeded")
+	}
+	if out := d.cli("exec", other.ID, "--", "echo", "alive"); out != "alive\n" {
+		t.Errorf("neighbour sandbox broken: %q", out)
+	}
+	d.cli("exec", bomb.ID, "--timeout", "10s", "--", "true")
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	cfg := filepath.Join(shortTempDir(t), "cfg.toml")
+	os.WriteFile(cfg, []byte("version = 1\n[metrics]\naddress = \"127.0.0.1:19464\"\n"), 0o644)
+	d := startDaemon(t, "--config", cfg)
+	d.createPool("m", busyboxImage, 1)
+	d.lease("m")
+	body := httpGet(t, "http://127.0.0.1:19464/metrics")
+	for _, want := range []string{`deltabox_pool_ready{pool="m"}`, `deltabox_pool_leased{pool="m"} 1`, "deltabox_lease_duration_seconds_bucket"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func runCLIStdin(bin, stdin string, args ...string) string {
+	cmd := exec.Command(bin, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, _ := cmd.Output()
+	return string(out)
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return string(data)
+}
