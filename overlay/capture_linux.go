@@ -131,9 +131,11 @@ func (s *Store) addEntries(pw *packWriter, rootfd int, m *manifest, res *scanRes
 		}
 		m.Entries = append(m.Entries, e)
 	}
-	if !m.Full {
-		for _, p := range res.gone {
-			m.Entries = append(m.Entries, &Entry{Path: p, Kind: KindGone, ckpt: m.ID})
+	// Gone paths are recorded by full checkpoints too (they are no-ops when folding one): a
+	// rollback needs every path whose upper-dir representation changed after its target.
+	for _, p := range res.gone {
+		m.Entries = append(m.Entries, &Entry{Path: p, Kind: KindGone, ckpt: m.ID})
+		if !m.Full {
 			m.Index[p] = nil
 		}
 	}

@@ -100,9 +100,6 @@ func mergeManifests(old, next *manifest) *manifest {
 	}
 	m.Entries = nil
 	for _, e := range entries {
-		if m.Full && e.Kind == KindGone {
-			continue
-		}
 		c := *e
 		m.Entries = append(m.Entries, &c)
 	}

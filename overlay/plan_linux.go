@@ -23,7 +23,8 @@ type plan struct {
 	touched     map[string]bool
 	done        []string
 	srcs        map[string]source
-	rawUpper    bool // writing an upper dir directly (export): whiteouts and opaque flags are literal
+	forced      map[string]bool // directories whose children must all be visited
+	rawUpper    bool            // writing an upper dir directly (export): whiteouts and opaque flags are literal
 }
 
 // planned is one entry to create (or, with fix, an existing directory to re-attribute).
@@ -51,7 +52,7 @@ func (pl *plan) close() {
 // peers, children of directories whose merged content must be rebuilt), how to get from the
 // merged tree as it is to the merged tree at the target.
 func (s *Store) plan(v *view, fds rollbackRoots, changed map[string]bool) (*plan, error) {
-	pl := &plan{touched: map[string]bool{}, srcs: map[string]source{}}
+	pl := &plan{touched: map[string]bool{}, srcs: map[string]source{}, forced: map[string]bool{}}
 	queue := withAncestors(changed)
 	seen := map[string]bool{}
 	for _, p := range queue {
@@ -137,7 +138,8 @@ func (pl *plan) decide(v *view, fds rollbackRoots, p string) ([]string, *Entry, 
 
 // decideDir plans a directory that exists in both trees: its attributes are restored, and if
 // its opaque flag in the upper dir differs from the target's, the lower entries it shows or
-// hides differ too, so every child on either side is visited.
+// hides differ too, so every child on either side is visited. The same then holds for its
+// subdirectories (an opaque parent hides their lower copies as well), so they are forced.
 func (pl *plan) decideDir(v *view, fds rollbackRoots, p string, want *Entry, have *unix.Stat_t) ([]string, *Entry, error) {
 	pl.items = append(pl.items, &planned{e: want, fix: true})
 	pl.dirTimes = append(pl.dirTimes, want)
@@ -148,7 +150,7 @@ func (pl *plan) decideDir(v *view, fds rollbackRoots, p string, want *Entry, hav
 	if differs {
 		pl.done = append(pl.done, p)
 	}
-	if upperOpaque(fds.upper, p) == want.Opaque {
+	if !pl.forced[p] && upperOpaque(fds.upper, p) == want.Opaque {
 		return nil, want, nil
 	}
 	names, err := v.childNames(p)
@@ -159,7 +161,11 @@ func (pl *plan) decideDir(v *view, fds rollbackRoots, p string, want *Entry, hav
 	if err != nil {
 		return nil, nil, err
 	}
-	return prefixAll(p, append(names, cur...)), want, nil
+	children := prefixAll(p, append(names, cur...))
+	for _, c := range children {
+		pl.forced[c] = true
+	}
+	return children, want, nil
 }
 
 func prefixAll(dir string, names []string) []string {
