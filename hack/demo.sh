@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The DeltaBox demo: a fresh daemon on the private containerd, then the CLI end to end.
+# Run it through `make demo`, which installs dependencies, starts containerd, builds the images
+# and the binaries, and exports DELTABOX_BIN and DELTABOX_CONTAINERD_ADDRESS.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+need_root
+
+BIN="${DELTABOX_BIN:?run through make demo}"
+CONTAINERD="${DELTABOX_CONTAINERD_ADDRESS:?run through make demo}"
+WORK="$(mktemp -d /tmp/deltabox-demo.XXXXXX)"
+SOCK="${WORK}/deltabox.sock"
+DAEMON_PID=""
+
+cleanup() {
+	if [[ -n ${DAEMON_PID} ]]; then
+		"${BIN}" --address "${SOCK}" pool rm demo --force >/dev/null 2>&1 || true
+		kill -TERM "${DAEMON_PID}" 2>/dev/null || true
+		wait "${DAEMON_PID}" 2>/dev/null || true
+	fi
+	rm -rf "${WORK}"
+}
+trap cleanup EXIT
+
+db() { "${BIN}" --address "${SOCK}" "$@"; }
+show() { printf '\n$ deltabox %s\n' "$*"; db "$@"; }
+
+step daemon "start deltabox daemon (state root ${WORK}/root, log ${WORK}/daemon.log)"
+"${BIN}" daemon --root "${WORK}/root" --address "${SOCK}" --containerd-address "${CONTAINERD}" \
+	>"${WORK}/daemon.log" 2>&1 &
+DAEMON_PID=$!
+for _ in $(seq 1 100); do db info >/dev/null 2>&1 && break; sleep 0.1; done
+show info
+
+step pool "a warm pool of the python image"
+show pool create demo --image deltabox.local/python:3 --min-ready 2 --memory 256m --pids 128
+for _ in $(seq 1 300); do
+	[[ $(db -o json pool ls | grep -c '"ready": 2') -ge 1 ]] && break
+	sleep 0.1
+done
+show pool ls
+
+step lease "lease a sandbox and run commands in it"
+ID=$(db lease --pool demo --env GREETING=hello)
+printf '\n$ deltabox lease --pool demo --env GREETING=hello\n%s\n' "${ID}"
+show exec "${ID}" -- python3 -c 'import os, platform; print(os.environ["GREETING"], "from python", platform.python_version())'
+echo 'print(sum(range(10)))' >"${WORK}/script.py"
+show cp "${WORK}/script.py" "${ID}:/tmp/script.py"
+show exec "${ID}" -- python3 /tmp/script.py
+show exec "${ID}" -- sh -c 'echo failing step >&2; exit 3' || echo "(exit code $?: exec exits with the command's code)"
+show -o json inspect "${ID}"
+
+step release "release: the next lease starts clean"
+show release "${ID}"
+show pool ls
+log "demo finished"
