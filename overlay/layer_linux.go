@@ -169,7 +169,8 @@ func WithOverlayWhiteouts() ImportOption { return func(o *importOptions) { o.ove
 
 // Import applies an OCI layer tar to dir, which must not be the upper dir of a mounted overlay.
 // Entries are confined to dir: containerd's archive.Apply rejects or re-roots "..", absolute
-// names and links that would escape.
+// names and links that would escape. By containerd's policy, trusted.* xattrs in the tar are
+// not applied (user.* and security.capability are).
 func Import(ctx context.Context, r io.Reader, dir string, opts ...ImportOption) error {
 	var o importOptions
 	for _, opt := range opts {
