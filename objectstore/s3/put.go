@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -109,7 +110,7 @@ func (s *Store) putMultipart(ctx context.Context, key string, r io.Reader, size 
 		err = checkSize(total, size)
 	}
 	if err == nil {
-		err = u.complete()
+		err = u.complete(total)
 	}
 	if err != nil {
 		u.abort()
@@ -234,12 +235,26 @@ func (u *upload) wait() error {
 	return u.err
 }
 
-func (u *upload) complete() error {
+// complete finishes the upload. Completion is not idempotent: when an attempt succeeded but
+// its answer was lost, the retry finds no such upload, and the object's size and part count
+// tell whether it was ours.
+func (u *upload) complete(total int64) error {
 	slices.SortFunc(u.parts, func(a, b minio.CompletePart) int { return a.PartNumber - b.PartNumber })
-	return u.s.cfg.retry.do(u.parent, "complete multipart upload", func(ctx context.Context) error {
+	attempts := 0
+	err := u.s.cfg.retry.do(u.parent, "complete multipart upload", func(ctx context.Context) error {
+		attempts++
 		_, err := u.s.core.CompleteMultipartUpload(ctx, u.s.bucket, u.s.objectKey(u.key), u.id, u.parts, u.s.putOptions())
 		return err
 	})
+	if attempts > 1 && isCode(err, "NoSuchUpload") && u.completedEarlier(total) {
+		return nil
+	}
+	return err
+}
+
+func (u *upload) completedEarlier(total int64) bool {
+	oi, err := u.s.client.StatObject(u.parent, u.s.bucket, u.s.objectKey(u.key), minio.StatObjectOptions{})
+	return err == nil && oi.Size == total && strings.HasSuffix(oi.ETag, fmt.Sprintf("-%d", len(u.parts)))
 }
 
 // abort drops the uploaded parts; it runs (and is retried: a server may still be writing a
