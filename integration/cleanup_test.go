@@ -18,7 +18,7 @@ import (
 
 // destroyNodeContainers removes every container a test daemon left behind (daemons keep
 // sandboxes running across restarts by design, so tests clean up after them).
-func destroyNodeContainers(t *testing.T, e env, root string) {
+func destroyNodeContainers(t testing.TB, e env, root string) {
 	data, err := os.ReadFile(filepath.Join(root, "node-id"))
 	if err != nil {
 		return

@@ -25,7 +25,7 @@ type env struct {
 	containerd string // containerd socket
 }
 
-func requireEnv(t *testing.T) env {
+func requireEnv(t testing.TB) env {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	return env{
@@ -36,7 +36,7 @@ func requireEnv(t *testing.T) env {
 
 // daemon is one running `deltabox daemon` with its own state root and socket.
 type daemon struct {
-	t       *testing.T
+	t       testing.TB
 	env     env
 	root    string
 	address string
@@ -46,7 +46,7 @@ type daemon struct {
 }
 
 // startDaemon starts a daemon in a fresh state root and waits until its API answers.
-func startDaemon(t *testing.T, extraArgs ...string) *daemon {
+func startDaemon(t testing.TB, extraArgs ...string) *daemon {
 	t.Helper()
 	e := requireEnv(t)
 	dir := shortTempDir(t)
@@ -151,7 +151,7 @@ func runCLI(bin string, args ...string) (string, string, int) {
 
 // shortTempDir returns a temp dir with a short path (unix socket paths are limited to 107
 // bytes) that other users may traverse, removed at the end of the test.
-func shortTempDir(t *testing.T) string {
+func shortTempDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "dbx")
 	if err != nil {
@@ -164,7 +164,7 @@ func shortTempDir(t *testing.T) string {
 	return dir
 }
 
-func mustContain(t *testing.T, what, s string, subs ...string) {
+func mustContain(t testing.TB, what, s string, subs ...string) {
 	t.Helper()
 	for _, sub := range subs {
 		if !strings.Contains(s, sub) {

@@ -1,0 +1,171 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+// samples collects per-operation latencies and reports their percentiles.
+type samples []time.Duration
+
+func (s samples) pct(p float64) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	c := append(samples(nil), s...)
+	sort.Slice(c, func(i, j int) bool { return c[i] < c[j] })
+	return c[min(len(c)-1, int(p*float64(len(c))))]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func (s samples) report(b *testing.B, name string) {
+	b.ReportMetric(ms(s.pct(0.50)), name+"-p50-ms")
+	b.ReportMetric(ms(s.pct(0.99)), name+"-p99-ms")
+}
+
+func timed(s *samples, fn func()) {
+	start := time.Now()
+	fn()
+	*s = append(*s, time.Since(start))
+}
+
+func ctr(e env, args ...string) error {
+	out, err := exec.Command("ctr", append([]string{"--address", e.containerd, "-n", "deltabox"}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ctr %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// BenchmarkLeaseVsCtrRun measures a warm lease through the API and through the CLI against a
+// cold `ctr run --rm` of the same image, interleaved in the same run.
+func BenchmarkLeaseVsCtrRun(b *testing.B) {
+	d := startDaemon(b)
+	d.createPool("bench", busyboxImage, 20, "--max", "1000")
+	c, ctx := d.client(), context.Background()
+	var api_, cli, cold samples
+	var held []string
+	for i := 0; i < b.N; i++ {
+		if len(held) >= 14 {
+			for _, id := range held {
+				c.Release(ctx, id)
+			}
+			held = held[:0]
+			d.waitReady("bench", 20, time.Minute)
+		}
+		timed(&api_, func() {
+			l, err := c.Lease(ctx, "bench", api.LeaseRequest{})
+			if err != nil || l.Cold {
+				b.Fatalf("lease: %v (cold %v)", err, l.Cold)
+			}
+			held = append(held, l.ID)
+		})
+		if i%4 == 0 {
+			timed(&cli, func() { held = append(held, strings.TrimSpace(d.cli("lease", "--pool", "bench"))) })
+			timed(&cold, func() {
+				if err := ctr(d.env, "run", "--rm", busyboxImage, fmt.Sprintf("bench-run-%d", i), "true"); err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
+	}
+	api_.report(b, "lease-api")
+	cli.report(b, "lease-cli")
+	cold.report(b, "ctr-run")
+	b.ReportMetric(float64(cold.pct(0.5))/float64(api_.pct(0.5)), "ctr-run/lease-x")
+}
+
+// BenchmarkExecVsCtrExec measures `true` through the API (init socket) against `ctr task exec`
+// on the same sandbox's container.
+func BenchmarkExecVsCtrExec(b *testing.B) {
+	d := startDaemon(b)
+	d.createPool("bench", busyboxImage, 1)
+	l := d.lease("bench")
+	c, ctx := d.client(), context.Background()
+	var viaAPI, viaCLI, viaCtr samples
+	for i := 0; i < b.N; i++ {
+		timed(&viaAPI, func() {
+			st, err := c.Exec(ctx, l.ID, api.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard)
+			if err != nil || st.Code != 0 {
+				b.Fatalf("exec: %v %+v", err, st)
+			}
+		})
+		if i%4 == 0 {
+			timed(&viaCLI, func() { d.cli("exec", l.ID, "--", "true") })
+			timed(&viaCtr, func() {
+				if err := ctr(d.env, "task", "exec", "--exec-id", "b"+strconv.Itoa(i), l.Container, "true"); err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
+	}
+	viaAPI.report(b, "exec-api")
+	viaCLI.report(b, "exec-cli")
+	viaCtr.report(b, "ctr-exec")
+	b.ReportMetric(float64(viaCtr.pct(0.5))/float64(viaAPI.pct(0.5)), "ctr-exec/exec-x")
+}
+
+// BenchmarkRefill leases 10 sandboxes from a pool with min_ready 10 and times its return to 10.
+func BenchmarkRefill(b *testing.B) {
+	d := startDaemon(b)
+	d.createPool("refill", busyboxImage, 10, "--max", "1000")
+	c, ctx := d.client(), context.Background()
+	var refill samples
+	for i := 0; i < b.N; i++ {
+		for range 10 {
+			if _, err := c.Lease(ctx, "refill", api.LeaseRequest{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		timed(&refill, func() { d.waitReady("refill", 10, time.Minute) })
+	}
+	refill.report(b, "refill10")
+}
+
+// BenchmarkDensity keeps 100 warm busybox sandboxes and reports the memory each costs (shim,
+// runc leftovers and init included, from MemAvailable) and the lease latency at that size.
+func BenchmarkDensity(b *testing.B) {
+	d := startDaemon(b)
+	before := memAvailable(b)
+	start := time.Now()
+	d.createPool("dense", busyboxImage, 100, "--max", "400")
+	b.ReportMetric(time.Since(start).Seconds(), "fill100-s")
+	time.Sleep(2 * time.Second)
+	b.ReportMetric(float64(before-memAvailable(b))/100/(1<<20), "MiB/sandbox")
+	c, ctx := d.client(), context.Background()
+	var lease samples
+	for i := 0; i < max(b.N, 50); i++ {
+		timed(&lease, func() {
+			if _, err := c.Lease(ctx, "dense", api.LeaseRequest{}); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+	lease.report(b, "lease100")
+}
+
+func memAvailable(b *testing.B) int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	b.Fatal("no MemAvailable in /proc/meminfo")
+	return 0
+}
