@@ -75,7 +75,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 	if err := pl.apply(fds.merged); err != nil {
 		return nil, err
 	}
-	if err := s.finishRollback(pos, res, pl, target); err != nil {
+	if err := s.finishRollback(pos, fds.upper, res, pl, target); err != nil {
 		return nil, err
 	}
 	return &RollbackResult{FilesRestored: len(pl.done), Paths: pl.done}, nil
@@ -141,9 +141,9 @@ func (s *Store) changedAfter(pos int, target map[string]*Entry, res *scanResult)
 
 // finishRollback moves the index to the new upper dir, records the rollback durably and drops
 // the checkpoints after the target.
-func (s *Store) finishRollback(pos int, res *scanResult, pl *plan, target map[string]*Entry) error {
+func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, target map[string]*Entry) error {
 	s.idx.apply(res)
-	s.reindex(pl)
+	s.reindex(upperfd, pl, target)
 	rec := &rollbackRecord{Nonce: nonce(), Target: s.chain[pos].ID, Index: s.indexDelta(pos)}
 	data, err := json.Marshal(rec)
 	if err != nil {
@@ -157,17 +157,28 @@ func (s *Store) finishRollback(pos int, res *scanResult, pl *plan, target map[st
 	return s.truncateAfter(pos)
 }
 
-// reindex invalidates the index entries of every path the rollback wrote, so the next
-// capture records them as they now are in the upper dir. The merged view is back at the
-// target, but the upper dir may represent it differently than the target's record (a lower
-// file restored as an upper copy, a directory that stays opaque because overlayfs cannot
-// clear the flag through the merged mount); hiding that difference from the index would let
-// a later capture of, say, the opaque parent lose the copies. Paths the rollback created get
-// an (invalid) entry too, so that if they disappear before the next capture it records them
-// as gone. Removed subtrees keep their entries, so the next scan reports them gone.
-func (s *Store) reindex(pl *plan) {
+// reindex brings the index entries of every path the rollback wrote up to date. Where the
+// upper dir now holds exactly what the target recorded for the path (same kind, and for a
+// directory the same opaque flag: the content, mode, owner, mtime and xattrs were just
+// written from that record), the new stat key is taken, so the path does not count as
+// changed again. Elsewhere the merged view is back at the target but the upper dir represents
+// it differently (a lower file restored as an upper copy, a directory that stays opaque
+// because overlayfs cannot clear the flag through the merged mount); those entries are
+// invalidated so the next capture records them as they are, since hiding the difference
+// would let a later capture of, say, the opaque parent lose the copies.
+func (s *Store) reindex(upperfd int, pl *plan, target map[string]*Entry) {
 	for p := range pl.touched {
-		s.idx.keys[p] = &idxEntry{gen: s.idx.gen}
+		e := target[p]
+		st, err := lstatAt(upperfd, p)
+		switch {
+		case err == nil && st == nil && e == nil:
+			delete(s.idx.keys, p)
+		case err == nil && st != nil && e != nil && e.Kind == kindOf(st) &&
+			(e.Kind != KindDir || upperOpaque(upperfd, p) == e.Opaque):
+			s.idx.keys[p] = &idxEntry{key: keyOf(st), gen: s.idx.gen}
+		default:
+			s.idx.keys[p] = &idxEntry{gen: s.idx.gen} // never matches: recorded next time
+		}
 	}
 }
 
