@@ -71,9 +71,10 @@ func (s *Store) plan(v *view, fds rollbackRoots, changed map[string]bool) (*plan
 			more = append(more, groups[want.Link]...)
 		}
 		for _, p := range more {
-			if !seen[p] {
-				seen[p] = true
-				queue = append(queue, p)
+			// Ancestors too: writing p moves its parent's mtime, which must be restored.
+			for q := p; q != "" && !seen[q]; q = parentOf(q) {
+				seen[q] = true
+				queue = append(queue, q)
 			}
 		}
 	}
