@@ -1,0 +1,78 @@
+package criu
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+)
+
+// ErrInotifyOverlay is wrapped (together with errdefs.ErrFailedPrecondition) into the error
+// of a dump that failed because a process holds inotify watches on overlayfs, which CRIU up to
+// 4.2 cannot dump (it cannot reopen the watched inode through an overlayfs file handle).
+var ErrInotifyOverlay = errors.New("processes with inotify watches on overlayfs cannot be checkpointed by CRIU <= 4.2")
+
+// Log files CRIU writes into its work directory (runc's names).
+const (
+	DumpLog    = "dump.log"
+	RestoreLog = "restore.log"
+)
+
+// maxErrorLines bounds the CRIU log lines quoted in an error.
+const maxErrorLines = 4
+
+// dumpError explains a failed dump with the error lines of CRIU's dump.log in dir.
+func dumpError(id, dir string, err error) error {
+	logPath := filepath.Join(dir, DumpLog)
+	lines := criuErrorLines(logPath)
+	if mentionsInotify(lines) {
+		return fmt.Errorf("dump container %s: %w (%s; log %s): %w", id, ErrInotifyOverlay, strings.Join(lines, "; "), logPath, errdefs.ErrFailedPrecondition)
+	}
+	if len(lines) == 0 {
+		return fmt.Errorf("dump container %s (no CRIU errors in %s): %w", id, logPath, err)
+	}
+	return fmt.Errorf("dump container %s: CRIU: %s (log %s): %w", id, strings.Join(lines, "; "), logPath, err)
+}
+
+// restoreError explains a failed restore with the error lines of CRIU's restore.log.
+func restoreError(id, workDir string, err error) error {
+	logPath := filepath.Join(workDir, RestoreLog)
+	lines := criuErrorLines(logPath)
+	if len(lines) == 0 {
+		return fmt.Errorf("restore container %s (no CRIU errors in %s): %w", id, logPath, err)
+	}
+	return fmt.Errorf("restore container %s: CRIU: %s (log %s): %w", id, strings.Join(lines, "; "), logPath, err)
+}
+
+// criuErrorLines returns the first few "Error (file:line): ..." lines of a CRIU log.
+func criuErrorLines(path string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() && len(out) < maxErrorLines {
+		line := sc.Text()
+		if i := strings.Index(line, "Error ("); i >= 0 {
+			out = append(out, strings.TrimSpace(line[i:]))
+		}
+	}
+	return out
+}
+
+func mentionsInotify(lines []string) bool {
+	for _, l := range lines {
+		l = strings.ToLower(l)
+		if strings.Contains(l, "inotify") || strings.Contains(l, "fsnotify") {
+			return true
+		}
+	}
+	return false
+}

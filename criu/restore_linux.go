@@ -1,0 +1,97 @@
+//go:build linux
+
+package criu
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/log"
+)
+
+// Restore creates and starts a task for container id from the CRIU images in dir and returns
+// it running. The container must exist without a task and its rootfs must already hold the
+// files the dumped processes had open, with the same sizes (in place: the rootfs as it was at
+// dump time; under a new ID: a snapshot of the same image with the dump's rootfs diff
+// applied). A container other than the dumped one must have its own cgroupsPath (containerd's
+// default spec gives /<namespace>/<id>); Restore refuses one that reuses the dumped
+// container's. The CRIU options of the restore come from the configuration file named by the
+// container's ConfigAnnotation (see WriteConfig): tcp-close for a new identity.
+func (c *Checkpointer) Restore(ctx context.Context, id, dir string, ioc cio.Creator) (containerd.Task, error) {
+	ctr, err := c.restoreTarget(ctx, id, dir)
+	if err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp(c.workRoot, "criu-restore-"+id+"-")
+	if err != nil {
+		return nil, fmt.Errorf("restore container %s: work dir: %w", id, err)
+	}
+	start := time.Now()
+	task, err := ctr.NewTask(ctx, ioc, containerd.WithRestoreImagePath(dir), containerd.WithRestoreWorkPath(work))
+	if err != nil {
+		return nil, restoreError(id, work, err)
+	}
+	if err := task.Start(ctx); err != nil {
+		c.deleteTask(ctx, task)
+		return nil, restoreError(id, work, err)
+	}
+	os.RemoveAll(work)
+	log.L(ctx).Debug("criu restore", "container", id, "dir", dir, "ms", time.Since(start).Milliseconds(), "pid", task.Pid())
+	return task, nil
+}
+
+// restoreTarget checks the images against this node and the container, and loads it.
+func (c *Checkpointer) restoreTarget(ctx context.Context, id, dir string) (containerd.Container, error) {
+	meta, err := ReadMeta(dir)
+	if err != nil {
+		return nil, fmt.Errorf("restore container %s: %w", id, err)
+	}
+	if err := CheckCompatible(meta, c.Status(ctx)); err != nil {
+		return nil, fmt.Errorf("restore container %s: %w", id, err)
+	}
+	ctr, err := c.client.LoadContainer(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("restore: load container %s: %w", id, err)
+	}
+	if _, err := ctr.Task(ctx, nil); err == nil {
+		return nil, fmt.Errorf("restore container %s: it still has a task (kill and delete it first): %w", id, errdefs.ErrFailedPrecondition)
+	} else if !errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("restore container %s: %w", id, err)
+	}
+	if err := checkCgroup(ctx, ctr, meta); err != nil {
+		return nil, err
+	}
+	return ctr, nil
+}
+
+// checkCgroup refuses to restore images under a new container ID into the dumped container's
+// cgroup: both would share limits, accounting and the freezer.
+func checkCgroup(ctx context.Context, ctr containerd.Container, meta Meta) error {
+	if meta.ContainerID == "" || meta.ContainerID == ctr.ID() {
+		return nil
+	}
+	spec, err := ctr.Spec(ctx)
+	if err != nil {
+		return fmt.Errorf("spec of container %s: %w", ctr.ID(), err)
+	}
+	if spec.Linux != nil && spec.Linux.CgroupsPath == meta.CgroupsPath {
+		return fmt.Errorf("restore container %s: its cgroupsPath %q is the one of dumped container %s; a restore under a new ID needs its own cgroup (oci.WithCgroup): %w",
+			ctr.ID(), meta.CgroupsPath, meta.ContainerID, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// deleteTask removes a task whose restore failed; it survives cancellation of ctx.
+func (c *Checkpointer) deleteTask(ctx context.Context, task containerd.Task) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+		log.L(ctx).Warn("delete task after failed restore", "container", task.ID(), "error", err)
+	}
+}
