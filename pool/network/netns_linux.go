@@ -1,0 +1,76 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// createNetNS creates a new network namespace and pins it by bind-mounting it onto path (the
+// way `ip netns add` does). IPv6 is disabled inside it: the firewall drops all sandbox IPv6,
+// and without addresses a sandbox cannot even try link-local IPv6 to the host.
+func createNetNS(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("create netns dir: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("netns %s: %w", path, errdefs.ErrAlreadyExists)
+	}
+	if err != nil {
+		return fmt.Errorf("create netns file: %w", err)
+	}
+	f.Close()
+	errc := make(chan error, 1)
+	go func() { errc <- pinNewNetNS(path) }()
+	if err := <-errc; err != nil {
+		_ = removeNetNS(path)
+		return err
+	}
+	return nil
+}
+
+// pinNewNetNS runs on its own goroutine: it moves its locked OS thread into a new network
+// namespace and never unlocks it, so the Go runtime discards the thread when it returns.
+func pinNewNetNS(path string) error {
+	runtime.LockOSThread()
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("unshare network namespace: %w", err)
+	}
+	self := fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())
+	if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mount netns onto %s: %w", path, err)
+	}
+	return disableIPv6()
+}
+
+// disableIPv6 turns IPv6 off in the calling thread's network namespace (/proc/sys/net follows
+// the thread's namespace), for interfaces present and future.
+func disableIPv6() error {
+	for _, k := range []string{"all", "default"} {
+		p := "/proc/sys/net/ipv6/conf/" + k + "/disable_ipv6"
+		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("disable ipv6 in netns: %w", err)
+		}
+	}
+	return nil
+}
+
+// removeNetNS unmounts and removes a pinned namespace; a missing one is fine. The namespace
+// (and the sandbox end of its veth, which takes the host end with it) goes away once no
+// process is left in it.
+func removeNetNS(path string) error {
+	err := unix.Unmount(path, unix.MNT_DETACH)
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount netns %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove netns %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,278 @@
+package network
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+)
+
+func setup(t testing.TB, m *Manager, id string) Attachment {
+	t.Helper()
+	att, err := m.Setup(context.Background(), id)
+	if err != nil {
+		t.Fatalf("Setup(%s): %v", id, err)
+	}
+	return att
+}
+
+// TestIsolation is the firewall's contract: a sandbox reaches the proxy ports on the gateway
+// and nothing else; plain TCP to :80/:443 anywhere lands on the transparent ports.
+func TestIsolation(t *testing.T) {
+	m := newRootManager(t, testSubnet)
+	a, b := setup(t, m, "sbx-a"), setup(t, m, "sbx-b")
+	gw := m.Gateway()
+	t.Logf("gateway %s, A %s (%s), B %s", gw, a.IP, a.NetNSPath, b.IP)
+
+	proxy := serve(t, netip.AddrPortFrom(gw, testProxyPort).String())
+	httpT := serve(t, netip.AddrPortFrom(gw, testHTTPPort).String())
+	httpsT := serve(t, netip.AddrPortFrom(gw, testHTTPSPort).String())
+	other := serve(t, netip.AddrPortFrom(gw, testOtherPort).String())
+	loop := serve(t, "127.0.0.1:0")
+	any := serve(t, "0.0.0.0:0")
+	inB := listenIn(t, b.NetNSPath, b.IP.String()+":8080")
+
+	t.Run("proxy port is reachable and sees the sandbox's IP", func(t *testing.T) {
+		mustConnect(t, a, netip.AddrPortFrom(gw, testProxyPort))
+		if got := proxy.seen(); len(got) != 1 || got[0].from.Addr() != a.IP {
+			t.Fatalf("proxy saw %v, want one connection from %s", got, a.IP)
+		}
+	})
+	t.Run("other gateway port is dropped", func(t *testing.T) {
+		mustNotConnect(t, a, netip.AddrPortFrom(gw, testOtherPort))
+		mustNotConnect(t, a, netip.AddrPortFrom(gw, any.port())) // host listener on 0.0.0.0
+		if len(other.seen())+len(any.seen()) != 0 {
+			t.Fatal("a host listener saw a sandbox connection")
+		}
+	})
+	t.Run("host addresses other than the gateway are dropped", func(t *testing.T) {
+		for _, h := range hostAddrs(t) {
+			mustNotConnect(t, a, netip.AddrPortFrom(h, any.port()))
+		}
+		// 127.0.0.1 inside the sandbox is the sandbox's own loopback, not the host's.
+		if c, err := dialFrom(t, a.NetNSPath, "tcp4", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), loop.port())); err == nil {
+			c.Close()
+			t.Fatal("sandbox reached the host's 127.0.0.1 listener")
+		}
+		if len(loop.seen())+len(any.seen()) != 0 {
+			t.Fatal("a host listener saw a sandbox connection")
+		}
+	})
+	t.Run("other sandbox is unreachable", func(t *testing.T) {
+		mustNotConnect(t, a, netip.MustParseAddrPort(inB.Addr().String()))
+	})
+	t.Run("link-local metadata is dropped, not redirected", func(t *testing.T) {
+		mustNotConnect(t, a, netip.MustParseAddrPort("169.254.169.254:80"))
+		for _, c := range httpT.seen() {
+			if c.origDst.Addr() == netip.MustParseAddr("169.254.169.254") {
+				t.Fatalf("metadata connection landed on the transparent port: %v", c)
+			}
+		}
+	})
+	t.Run("plain TCP to :80 and :443 elsewhere lands on the transparent ports", func(t *testing.T) {
+		for _, tc := range []struct {
+			dst string
+			srv *server
+		}{{"198.51.100.7:80", httpT}, {"198.51.100.7:443", httpsT}, {b.IP.String() + ":80", httpT}} {
+			dst := netip.MustParseAddrPort(tc.dst)
+			mustConnect(t, a, dst)
+			got := tc.srv.seen()
+			if len(got) == 0 || got[len(got)-1].origDst != dst || got[len(got)-1].from.Addr() != a.IP {
+				t.Fatalf("transparent port %d saw %v, want the last from %s with SO_ORIGINAL_DST %s", tc.srv.port(), got, a.IP, dst)
+			}
+			t.Logf("%s -> %s, SO_ORIGINAL_DST %s", dst, tc.srv.l.Addr(), got[len(got)-1].origDst)
+		}
+	})
+	t.Run("UDP gets nothing", func(t *testing.T) {
+		udpDropped(t, a, gw)
+	})
+	t.Run("sandbox has no IPv6", func(t *testing.T) {
+		inNetNS(t, a.NetNSPath, func() {
+			if v6 := ipv6Addrs(t); len(v6) > 0 {
+				t.Errorf("sandbox has IPv6 addresses %v", v6)
+			}
+		})
+	})
+}
+
+func mustConnect(t *testing.T, from Attachment, to netip.AddrPort) {
+	t.Helper()
+	c, err := dialFrom(t, from.NetNSPath, "tcp4", to)
+	if err != nil {
+		t.Fatalf("%s -> %s: %v", from.ID, to, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "hello") {
+		t.Fatalf("%s -> %s: read %q, %v", from.ID, to, line, err)
+	}
+}
+
+func mustNotConnect(t *testing.T, from Attachment, to netip.AddrPort) {
+	t.Helper()
+	c, err := dialFrom(t, from.NetNSPath, "tcp4", to)
+	if err == nil {
+		c.Close()
+		t.Fatalf("%s -> %s connected, want it dropped", from.ID, to)
+	}
+	t.Logf("%s -> %s: %v", from.ID, to, err)
+}
+
+// udpDropped sends datagrams from the sandbox to a host UDP socket on the gateway (and to
+// port 53) and checks that nothing arrives.
+func udpDropped(t *testing.T, a Attachment, gw netip.Addr) {
+	pc, err := net.ListenPacket("udp4", netip.AddrPortFrom(gw, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	to := netip.MustParseAddrPort(pc.LocalAddr().String())
+	for _, dst := range []netip.AddrPort{to, netip.AddrPortFrom(gw, 53)} {
+		c, err := dialFrom(t, a.NetNSPath, "udp4", dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = c.Write([]byte("ping"))
+		c.Close()
+	}
+	_ = pc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, from, err := pc.ReadFrom(make([]byte, 64)); err == nil {
+		t.Fatalf("UDP got %d bytes from %s", n, from)
+	}
+}
+
+// hostAddrs returns the host's IPv4 addresses outside the test bridge.
+func hostAddrs(t *testing.T) []netip.Addr {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.Addr
+	for _, ifi := range ifs {
+		addrs, _ := ifi.Addrs()
+		for _, a := range addrs {
+			p, err := netip.ParsePrefix(a.String())
+			if err == nil && p.Addr().Is4() && ifi.Name != testBridge {
+				out = append(out, p.Addr())
+			}
+		}
+	}
+	return out
+}
+
+func ipv6Addrs(t *testing.T) []string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is6() {
+			out = append(out, p.String())
+		}
+	}
+	return out
+}
+
+func TestTeardownFreesEverything(t *testing.T) {
+	// A /29 has five sandbox addresses: exhaust it, free one, and get it back.
+	m := newRootManager(t, netip.MustParsePrefix("10.214.241.0/29"))
+	ctx := context.Background()
+	var atts []Attachment
+	for i := range 5 {
+		atts = append(atts, setup(t, m, "full-"+string(rune('a'+i))))
+	}
+	if _, err := m.Setup(ctx, "full-f"); err == nil {
+		t.Fatal("Setup in a full subnet succeeded")
+	}
+	if _, err := os.Stat(m.NetNSPath("full-f")); !os.IsNotExist(err) {
+		t.Fatalf("failed Setup left its netns: %v", err)
+	}
+	victim := atts[2]
+	for range 2 { // idempotent
+		if err := m.Teardown(ctx, victim.ID); err != nil {
+			t.Fatalf("Teardown: %v", err)
+		}
+	}
+	if _, err := os.Stat(victim.NetNSPath); !os.IsNotExist(err) {
+		t.Fatalf("netns still there: %v", err)
+	}
+	if _, err := m.Lookup(ctx, victim.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("Lookup after Teardown: %v, want NotFound", err)
+	}
+	testutil.WaitFor(t, 5*time.Second, 10*time.Millisecond, "veth to leave the bridge", func() bool {
+		return bridgePorts(t) == 4
+	})
+	again := setup(t, m, "full-f")
+	if again.IP != victim.IP {
+		t.Fatalf("new sandbox got %s, want the freed %s", again.IP, victim.IP)
+	}
+	// The survivors still reach the proxy (the bridge's MAC did not move under their ARP caches).
+	proxy := serve(t, netip.AddrPortFrom(m.Gateway(), testProxyPort).String())
+	for _, a := range []Attachment{atts[0], atts[4], again} {
+		mustConnect(t, a, netip.AddrPortFrom(m.Gateway(), testProxyPort))
+	}
+	_ = proxy
+}
+
+func bridgePorts(t testing.TB) int {
+	entries, err := os.ReadDir(filepath.Join("/sys/class/net", testBridge, "brif"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}
+
+func TestReconcileAndLookup(t *testing.T) {
+	m := newRootManager(t, testSubnet)
+	ctx := context.Background()
+	keep, drop := setup(t, m, "keep-1"), setup(t, m, "drop-1")
+	// A half-done sandbox: an IP reservation without a namespace.
+	half := setup(t, m, "half-1")
+	if err := removeNetNS(half.NetNSPath); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.Lookup(ctx, keep.ID)
+	if err != nil || got != keep {
+		t.Fatalf("Lookup = %+v, %v; want %+v", got, err, keep)
+	}
+	removed, err := m.Reconcile(ctx, func(id string) bool { return id == keep.ID })
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if want := []string{drop.ID, half.ID}; !slices.Equal(removed, want) {
+		t.Fatalf("Reconcile removed %v, want %v", removed, want)
+	}
+	ids, err := m.knownIDs()
+	if err != nil || !slices.Equal(ids, []string{keep.ID}) {
+		t.Fatalf("left %v, %v; want only %s", ids, err, keep.ID)
+	}
+}
+
+func TestNewIsIdempotent(t *testing.T) {
+	m := newRootManager(t, testSubnet)
+	a := setup(t, m, "idem-1")
+	m2, err := New(context.Background(), m.opts)
+	if err != nil {
+		t.Fatalf("second New: %v", err)
+	}
+	if out, err := m2.opts.Runner.Run(context.Background(), nil, "iptables", "-w", "-S", "INPUT"); err != nil || strings.Count(string(out), "-j DBXTEST-INPUT") != 1 {
+		t.Fatalf("INPUT jumps after two New: %q, %v", out, err)
+	}
+	serve(t, netip.AddrPortFrom(m.Gateway(), testProxyPort).String())
+	mustConnect(t, a, netip.AddrPortFrom(m.Gateway(), testProxyPort))
+	if _, err := m2.Setup(context.Background(), "idem-1"); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("Setup of an existing sandbox: %v, want AlreadyExists", err)
+	}
+}
