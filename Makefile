@@ -17,7 +17,7 @@ CONTAINERD_ADDRESS = $(shell bash hack/containerd.sh address)
 TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
 	DELTABOX_CONTAINERD_ADDRESS=$(CONTAINERD_ADDRESS)
 
-.PHONY: build deps containerd images setup test test-unit demo bench lint clean
+.PHONY: build deps containerd images setup test test-unit demo bench lint docs clean
 
 build: ## build bin/deltabox and the static sandbox init bin/deltabox-init
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox
@@ -51,6 +51,9 @@ lint: ## gofmt, go vet, staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	staticcheck ./...
+
+docs: build ## regenerate docs/cli.md from the CLI
+	$(BIN)/deltabox docs > docs/cli.md
 
 clean:
 	rm -rf $(BIN)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -34,6 +35,8 @@ type Options struct {
 	ObjectStoreURI    string        // where L3 snapshots go; empty: file://<root>/objects
 	InitBinary        string        // static deltabox-init to mount into sandboxes
 	Metrics           *prometheus.Registry
+	Retain            int     // checkpoints kept per sandbox (default 64)
+	Effects           Effects // the egress proxy's hooks (default: none held)
 }
 
 func (o *Options) setDefaults() {
@@ -49,6 +52,12 @@ func (o *Options) setDefaults() {
 	if o.CRIUPath == "" {
 		o.CRIUPath = "criu"
 	}
+	if o.Retain == 0 {
+		o.Retain = 64
+	}
+	if o.Effects == nil {
+		o.Effects = noEffects{}
+	}
 	if o.ObjectStoreURI == "" {
 		o.ObjectStoreURI = "file://" + filepath.Join(o.Root, "objects")
 	}
@@ -56,11 +65,15 @@ func (o *Options) setDefaults() {
 
 // Orchestrator is the running node agent.
 type Orchestrator struct {
-	opts   Options
-	client *containerd.Client
-	criu   criu.Status
-	node   string
-	pools  *pool.Manager
+	opts    Options
+	client  *containerd.Client
+	criu    criu.Status
+	node    string
+	pools   *pool.Manager
+	effects Effects
+
+	mu       sync.Mutex
+	sessions map[string]*session // by sandbox (lease) ID
 }
 
 // New connects to containerd (failing within ConnectTimeout, naming the address), prepares
@@ -74,7 +87,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &Orchestrator{opts: opts, client: client}
+	o := &Orchestrator{opts: opts, client: client, effects: opts.Effects, sessions: map[string]*session{}}
 	if err := o.start(ctx); err != nil {
 		client.Close()
 		return nil, err
@@ -96,8 +109,33 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	}
 	o.pools, err = pool.NewManager(ctx, o.client, pool.Options{
 		Root: filepath.Join(o.opts.Root, "pool"), InitBinary: initBin, Node: o.node, Metrics: o.opts.Metrics,
+		Reset: o.resetFiles,
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	return o.resumeSessions(ctx)
+}
+
+// resumeSessions reopens the sessions of sandboxes that stayed leased across a restart and
+// removes session directories whose lease is gone.
+func (o *Orchestrator) resumeSessions(ctx context.Context) error {
+	leased := map[string]bool{}
+	for _, sb := range o.pools.List() {
+		leased[sb.ID] = true
+		o.startSession(ctx, sb)
+	}
+	dirs, err := os.ReadDir(filepath.Join(o.opts.Root, "sandboxes"))
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	for _, d := range dirs {
+		if !leased[d.Name()] {
+			log.L(ctx).Info("removing state of a sandbox that is no longer leased", "sandbox", d.Name())
+			_ = os.RemoveAll(filepath.Join(o.opts.Root, "sandboxes", d.Name()))
+		}
+	}
+	return nil
 }
 
 func connect(ctx context.Context, opts Options) (*containerd.Client, error) {
@@ -127,6 +165,14 @@ func (o *Orchestrator) Close(ctx context.Context) error {
 	var errs []error
 	if o.pools != nil {
 		errs = append(errs, o.pools.Close())
+	}
+	o.mu.Lock()
+	sessions := o.sessions
+	o.sessions = map[string]*session{}
+	o.mu.Unlock()
+	for _, s := range sessions {
+		<-s.ready
+		errs = append(errs, s.frz.thaw(), s.close())
 	}
 	errs = append(errs, o.client.Close())
 	return errors.Join(errs...)

@@ -1,11 +1,17 @@
 package orchestrator
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/orchestrator/state"
 	"github.com/deltabox/deltabox/pool"
 )
 
@@ -23,6 +29,88 @@ func (o *Orchestrator) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", o.exec)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", handle(o.copyTo))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", o.copyFrom)
+	o.checkpointRoutes(mux, "/v1/sandboxes/{id}")
+}
+
+// checkpointRoutes registers the checkpoint and state routes under prefix; the per-sandbox
+// socket inside each sandbox serves the same handlers.
+func (o *Orchestrator) checkpointRoutes(mux *http.ServeMux, prefix string) {
+	mux.HandleFunc("POST "+prefix+"/checkpoints", handle(o.createCheckpoint))
+	mux.HandleFunc("GET "+prefix+"/checkpoints", handle(func(r *http.Request) (any, error) { return o.Checkpoints(r.Context(), r.PathValue("id")) }))
+	mux.HandleFunc("GET "+prefix+"/checkpoints/{ckpt}", handle(func(r *http.Request) (any, error) {
+		return o.InspectCheckpoint(r.Context(), r.PathValue("id"), r.PathValue("ckpt"))
+	}))
+	mux.HandleFunc("POST "+prefix+"/rollback", handle(o.rollback))
+	mux.HandleFunc("POST "+prefix+"/commit", handle(func(r *http.Request) (any, error) { return o.Commit(r.Context(), r.PathValue("id")) }))
+	mux.HandleFunc("GET "+prefix+"/diff", handle(func(r *http.Request) (any, error) {
+		q := r.URL.Query()
+		return o.Diff(r.Context(), r.PathValue("id"), q.Get("from"), q.Get("to"))
+	}))
+	mux.HandleFunc("GET "+prefix+"/state", handle(func(r *http.Request) (any, error) {
+		return o.StateGet(r.Context(), r.PathValue("id"), r.URL.Query().Get("pointer"))
+	}))
+	mux.HandleFunc("POST "+prefix+"/state", handle(o.statePatch))
+	mux.HandleFunc("GET "+prefix+"/state/log", handle(o.stateLog))
+	mux.HandleFunc("GET "+prefix+"/verify", handle(func(r *http.Request) (any, error) {
+		return o.Verify(r.Context(), r.PathValue("id"), r.URL.Query().Get("checkpoint"))
+	}))
+}
+
+func (o *Orchestrator) createCheckpoint(r *http.Request) (any, error) {
+	var req api.CheckpointRequest
+	if err := decode(r, &req); err != nil {
+		return nil, err
+	}
+	return o.Checkpoint(r.Context(), r.PathValue("id"), req)
+}
+
+func (o *Orchestrator) rollback(r *http.Request) (any, error) {
+	var req api.RollbackRequest
+	if err := decode(r, &req); err != nil {
+		return nil, err
+	}
+	return o.Rollback(r.Context(), r.PathValue("id"), req)
+}
+
+func (o *Orchestrator) statePatch(r *http.Request) (any, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxRequestBody))
+	if err != nil {
+		return nil, fmt.Errorf("read state patch: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	ops, err := state.ParseOps(body)
+	if err != nil {
+		return nil, err
+	}
+	var ifSeq *uint64
+	if v := r.URL.Query().Get("if_seq"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("if_seq %q: %w", v, errdefs.ErrInvalidArgument)
+		}
+		ifSeq = &n
+	}
+	return o.StatePatch(r.Context(), r.PathValue("id"), ops, ifSeq)
+}
+
+func (o *Orchestrator) stateLog(r *http.Request) (any, error) {
+	q := r.URL.Query()
+	from, err1 := parseUint(q.Get("from"))
+	to, err2 := parseUint(q.Get("to"))
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	return o.StateLog(r.Context(), r.PathValue("id"), from, to)
+}
+
+func parseUint(s string) (uint64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a sequence number: %w", s, errdefs.ErrInvalidArgument)
+	}
+	return n, nil
 }
 
 func (o *Orchestrator) createPool(r *http.Request) (any, error) {
@@ -59,6 +147,7 @@ func (o *Orchestrator) lease(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	o.startSession(r.Context(), res.Sandbox)
 	return api.Lease{LeaseResult: res, LeaseMS: float64(time.Since(start).Microseconds()) / 1000}, nil
 }
 
@@ -67,5 +156,6 @@ func (o *Orchestrator) release(r *http.Request) (any, error) {
 	if err := o.pools.Release(r.Context(), id); err != nil {
 		return nil, err
 	}
+	o.endSession(r.Context(), id)
 	return map[string]string{"released": id}, nil
 }

@@ -32,6 +32,7 @@ type Sandbox struct {
 	Created   time.Time         `json:"created"`
 	InitPid   uint32            `json:"init_pid"`
 	RunDir    string            `json:"-"`
+	Layout    Layout            `json:"-"`
 	initc     *initproto.Client
 }
 
@@ -193,7 +194,7 @@ func (m *Manager) List() []Sandbox {
 // view builds the public view of a leased sandbox; p may be nil for a removed pool.
 func (m *Manager) view(p *pool, sb *sandbox) Sandbox {
 	v := Sandbox{Pool: sb.rec.Pool, Container: sb.rec.CID, Created: sb.rec.Created,
-		InitPid: sb.inst.pid, RunDir: sb.inst.runDir, initc: sb.inst.init}
+		InitPid: sb.inst.pid, RunDir: sb.inst.runDir, Layout: sb.inst.layout, initc: sb.inst.init}
 	if l := sb.rec.Lease; l != nil {
 		v.ID, v.Env, v.Labels, v.LeasedAt = l.ID, l.Env, l.Labels, l.LeasedAt
 	}

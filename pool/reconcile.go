@@ -92,6 +92,9 @@ func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance,
 		return nil, fmt.Errorf("task not running (%s, %v): %w", st.Status, err, errdefs.ErrFailedPrecondition)
 	}
 	inst := m.rt.newInstance(c.ID(), task.Pid())
+	if inst.layout, err = m.rt.layoutOf(ctx, c); err != nil {
+		return nil, err
+	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := inst.init.Ping(pctx); err != nil {

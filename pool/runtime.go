@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -48,6 +49,47 @@ type instance struct {
 	pid    uint32 // init's pid on the host
 	runDir string
 	init   *initproto.Client
+	layout Layout
+}
+
+// Layout locates a sandbox's root filesystem layers and cgroup on the host.
+type Layout struct {
+	Upper  string   // overlay upper dir (read it; never write it while mounted)
+	Lower  []string // overlay lower dirs, topmost first
+	Cgroup string   // the container's cgroupsPath, e.g. /deltabox/<cid>
+}
+
+// layoutOf reads the overlay dirs of the container's snapshot and its cgroup path.
+func (r *runtime) layoutOf(ctx context.Context, c containerd.Container) (Layout, error) {
+	var l Layout
+	spec, err := c.Spec(ctx)
+	if err != nil {
+		return l, fmt.Errorf("spec of %s: %w", c.ID(), err)
+	}
+	if spec.Linux != nil {
+		l.Cgroup = spec.Linux.CgroupsPath
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return l, fmt.Errorf("info of %s: %w", c.ID(), err)
+	}
+	mounts, err := r.client.SnapshotService(r.snapshotter).Mounts(ctx, info.SnapshotKey)
+	if err != nil {
+		return l, fmt.Errorf("snapshot mounts of %s: %w", c.ID(), err)
+	}
+	for _, m := range mounts {
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "upperdir="); ok {
+				l.Upper = v
+			} else if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+				l.Lower = strings.Split(v, ":")
+			}
+		}
+	}
+	if l.Upper == "" || l.Cgroup == "" {
+		return l, fmt.Errorf("container %s has no overlay upper dir or cgroup path (snapshotter %s): %w", c.ID(), r.snapshotter, errdefs.ErrFailedPrecondition)
+	}
+	return l, nil
 }
 
 func (r *runtime) containerDir(cid string) string { return filepath.Join(r.dir, cid) }
@@ -102,6 +144,9 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string) (_ *insta
 		containerd.WithContainerLabels(map[string]string{LabelManaged: "true", LabelNode: r.node, LabelPool: t.Name}))
 	if err != nil {
 		return nil, fmt.Errorf("create container %s: %w", cid, err)
+	}
+	if inst.layout, err = r.layoutOf(ctx, c); err != nil {
+		return nil, err
 	}
 	task, err := c.NewTask(ctx, cio.LogFile(filepath.Join(r.containerDir(cid), "init.log")))
 	if err != nil {

@@ -82,7 +82,8 @@ func commands() []*cli.Command {
 	return []*cli.Command{
 		versionCommand(), daemonCommand(), infoCommand(), configCommand(),
 		poolCommand(), leaseCommand(), releaseCommand(), lsCommand(), inspectCommand(),
-		execCommand(), cpCommand(),
+		execCommand(), cpCommand(), checkpointCommand(), rollbackCommand(), commitCommand(),
+		diffCommand(), stateCommand(), verifyCommand(), docsCommand(),
 	}
 }
 

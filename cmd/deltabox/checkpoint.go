@@ -1,0 +1,187 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+func checkpointCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "checkpoint",
+		Usage: "take and list checkpoints of a sandbox",
+		Subcommands: []*cli.Command{{
+			Name: "create", Usage: "checkpoint a sandbox (files, agent state, effect watermark)", ArgsUsage: "ID",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "level", Value: api.LevelL1, Usage: "l1 (delta), l2 (full) or l3 (processes too)"},
+				&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "a note kept with the checkpoint"},
+			},
+			Action: checkpointCreate,
+		}, {
+			Name: "ls", Usage: "list a sandbox's checkpoints", ArgsUsage: "ID", Action: checkpointList,
+		}, {
+			Name: "inspect", Usage: "show one checkpoint", ArgsUsage: "ID CKPT", Action: checkpointInspect,
+		}},
+	}
+}
+
+func checkpointCreate(c *cli.Context) error {
+	if err := exactArgs(c, 1, "ID"); err != nil {
+		return err
+	}
+	ck, err := newClient(c).Checkpoint(c.Context, c.Args().First(), api.CheckpointRequest{Level: c.String("level"), Message: c.String("message")})
+	if err != nil {
+		return err
+	}
+	return printResult(c, ck, func(w io.Writer) {
+		fmt.Fprintf(w, "checkpoint %s (%s): %d files, %d bytes, frozen %.2f ms, total %.2f ms\n",
+			ck.ID, ck.Level, ck.FilesChanged, ck.Bytes, ck.FrozenMS, ck.TotalMS)
+	})
+}
+
+func checkpointList(c *cli.Context) error {
+	if err := exactArgs(c, 1, "ID"); err != nil {
+		return err
+	}
+	cks, err := newClient(c).Checkpoints(c.Context, c.Args().First())
+	if err != nil {
+		return err
+	}
+	return printResult(c, cks, func(w io.Writer) {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		defer tw.Flush()
+		fmt.Fprintln(tw, "ID\tLEVEL\tPARENT\tFILES\tBYTES\tSTATE_SEQ\tCOMMITTED\tCREATED\tMESSAGE")
+		for _, k := range cks {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%t\t%s\t%s\n", k.ID, k.Level, k.Parent, k.FilesChanged,
+				k.Bytes, k.StateSeq, k.Committed, k.Created.Format("15:04:05.000"), k.Message)
+		}
+	})
+}
+
+func checkpointInspect(c *cli.Context) error {
+	if err := exactArgs(c, 2, "ID CKPT"); err != nil {
+		return err
+	}
+	ck, err := newClient(c).InspectCheckpoint(c.Context, c.Args().Get(0), c.Args().Get(1))
+	if err != nil {
+		return err
+	}
+	return printResult(c, ck, func(w io.Writer) {
+		fmt.Fprintf(w, "ID:\t%s\nLevel:\t%s\nParent:\t%s\nMessage:\t%s\nCreated:\t%s\nFiles changed:\t%d\nBytes:\t%d\nState seq:\t%d\nEffects watermark:\t%d\nCommitted:\t%t\n",
+			ck.ID, ck.Level, ck.Parent, ck.Message, ck.Created, ck.FilesChanged, ck.Bytes, ck.StateSeq, ck.EffectsWatermark, ck.Committed)
+	})
+}
+
+func rollbackCommand() *cli.Command {
+	return &cli.Command{
+		Name: "rollback", Usage: "return a sandbox's files, state and held effects to a checkpoint", ArgsUsage: "ID",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "to", Usage: "checkpoint (default: the latest)"},
+			&cli.BoolFlag{Name: "force", Usage: "roll back past the last commit (its effects stay sent)"},
+		},
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "ID"); err != nil {
+				return err
+			}
+			res, err := newClient(c).Rollback(c.Context, c.Args().First(), api.RollbackRequest{To: c.String("to"), Force: c.Bool("force")})
+			if err != nil {
+				return err
+			}
+			return printResult(c, res, func(w io.Writer) {
+				fmt.Fprintf(w, "rolled back to %s: %d files restored, %d state ops undone, %d effects dropped, %d processes stopped, frozen %.2f ms, total %.2f ms\n",
+					res.To, res.FilesRestored, res.OpsUndone, res.EffectsDropped, res.ProcessesStopped, res.FrozenMS, res.TotalMS)
+			})
+		},
+	}
+}
+
+func commitCommand() *cli.Command {
+	return &cli.Command{
+		Name: "commit", Usage: "send the sandbox's held effects and set its commit point", ArgsUsage: "ID",
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "ID"); err != nil {
+				return err
+			}
+			res, err := newClient(c).Commit(c.Context, c.Args().First())
+			if err != nil {
+				return err
+			}
+			return printResult(c, res, func(w io.Writer) {
+				fmt.Fprintf(w, "committed at checkpoint %s: %d effects released, %d failed\n", res.Checkpoint, res.EffectsReleased, res.EffectsFailed)
+			})
+		},
+	}
+}
+
+func diffCommand() *cli.Command {
+	return &cli.Command{
+		Name: "diff", Usage: "what changed between two checkpoints (or a checkpoint and now)", ArgsUsage: "ID",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "from", Usage: "checkpoint (default: the latest)"},
+			&cli.StringFlag{Name: "to", Usage: "checkpoint (default: now)"},
+		},
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "ID"); err != nil {
+				return err
+			}
+			d, err := newClient(c).Diff(c.Context, c.Args().First(), c.String("from"), c.String("to"))
+			if err != nil {
+				return err
+			}
+			return printResult(c, d, func(w io.Writer) { printDiff(w, d) })
+		},
+	}
+}
+
+func printDiff(w io.Writer, d api.Diff) {
+	to := d.To
+	if to == "" {
+		to = "now"
+	}
+	fmt.Fprintf(w, "diff %s: checkpoint %s -> %s\n", d.ID, d.From, to)
+	fmt.Fprintf(w, "files (%d):\n", len(d.Files))
+	for _, f := range d.Files {
+		fmt.Fprintf(w, "  %-8s %-7s %8d  %s\n", f.Change, f.Kind, f.Size, f.Path)
+	}
+	fmt.Fprintf(w, "state ops (%d):\n", len(d.State))
+	for _, s := range d.State {
+		fmt.Fprintf(w, "  #%d %s\n", s.Seq, s.Op)
+	}
+	fmt.Fprintf(w, "effects (%d):\n", len(d.Effects))
+	for _, e := range d.Effects {
+		fmt.Fprintf(w, "  %s %-9s %s %s\n", e.ID, e.Status, e.Method, e.URL)
+	}
+}
+
+func verifyCommand() *cli.Command {
+	return &cli.Command{
+		Name: "verify", Usage: "check a sandbox's state log and files against a checkpoint", ArgsUsage: "ID [CKPT]",
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 || c.NArg() > 2 {
+				return usagef("verify takes ID [CKPT]")
+			}
+			res, err := newClient(c).Verify(c.Context, c.Args().Get(0), c.Args().Get(1))
+			if err != nil {
+				return err
+			}
+			if err := printResult(c, res, func(w io.Writer) {
+				for _, p := range res.Problems {
+					fmt.Fprintln(w, p)
+				}
+				if res.OK {
+					fmt.Fprintf(w, "sandbox %s matches checkpoint %s\n", res.ID, res.Checkpoint)
+				}
+			}); err != nil {
+				return err
+			}
+			if !res.OK {
+				return fmt.Errorf("sandbox %s does not match checkpoint %s (%d problems)", res.ID, res.Checkpoint, len(res.Problems))
+			}
+			return nil
+		},
+	}
+}

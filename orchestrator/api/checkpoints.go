@@ -1,0 +1,116 @@
+package api
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Checkpoint levels.
+const (
+	LevelL1 = "l1" // delta: what changed since the previous checkpoint
+	LevelL2 = "l2" // full copy of the upper dir and the state document
+	LevelL3 = "l3" // process memory too (CRIU)
+)
+
+// CheckpointRequest is the body of POST /v1/sandboxes/{id}/checkpoints.
+type CheckpointRequest struct {
+	Level   string `json:"level,omitempty"` // default l1
+	Message string `json:"message,omitempty"`
+}
+
+// Checkpoint describes one checkpoint of a sandbox.
+type Checkpoint struct {
+	ID               string    `json:"id"`
+	Sandbox          string    `json:"sandbox"`
+	Level            string    `json:"level"`
+	Parent           string    `json:"parent,omitempty"`
+	Message          string    `json:"message,omitempty"`
+	Created          time.Time `json:"created"`
+	StateSeq         uint64    `json:"state_seq"`
+	EffectsWatermark uint64    `json:"effects_watermark"`
+	FilesChanged     int       `json:"files_changed"`
+	Bytes            int64     `json:"bytes"`
+	FrozenMS         float64   `json:"frozen_ms"`
+	TotalMS          float64   `json:"total_ms"`
+	Committed        bool      `json:"committed,omitempty"` // at or before the commit point
+}
+
+// RollbackRequest is the body of POST /v1/sandboxes/{id}/rollback.
+type RollbackRequest struct {
+	To    string `json:"to,omitempty"` // default: the latest checkpoint
+	Force bool   `json:"force,omitempty"`
+}
+
+// RollbackResult reports what a rollback undid.
+type RollbackResult struct {
+	ID               string  `json:"id"`
+	To               string  `json:"to"`
+	FilesRestored    int     `json:"files_restored"`
+	OpsUndone        int     `json:"ops_undone"`
+	EffectsDropped   int     `json:"effects_dropped"`
+	ProcessesStopped int     `json:"processes_stopped"`
+	FrozenMS         float64 `json:"frozen_ms"`
+	TotalMS          float64 `json:"total_ms"`
+}
+
+// CommitResult reports a commit.
+type CommitResult struct {
+	ID              string `json:"id"`
+	Checkpoint      string `json:"checkpoint"` // rollbacks may not go to this or earlier ones
+	EffectsReleased int    `json:"effects_released"`
+	EffectsFailed   int    `json:"effects_failed"`
+}
+
+// FileChange is one path in a diff.
+type FileChange struct {
+	Path   string `json:"path"`
+	Change string `json:"change"` // added | modified | deleted
+	Kind   string `json:"kind"`
+	Size   int64  `json:"size"`
+}
+
+// StateEntry is one logged state op with its inverse.
+type StateEntry struct {
+	Seq        uint64            `json:"seq"`
+	Checkpoint string            `json:"checkpoint"`
+	Op         json.RawMessage   `json:"op"`
+	Inverse    []json.RawMessage `json:"inverse"`
+	Time       time.Time         `json:"time"`
+}
+
+// Diff is what changed between two checkpoints (or a checkpoint and now).
+type Diff struct {
+	ID      string       `json:"id"`
+	From    string       `json:"from"`
+	To      string       `json:"to"` // "" = now
+	Files   []FileChange `json:"files"`
+	State   []StateEntry `json:"state"`
+	Effects []Effect     `json:"effects"`
+}
+
+// Effect is an outbound request seen by the egress proxy.
+type Effect struct {
+	ID             string    `json:"id"`
+	Seq            uint64    `json:"seq"`
+	Checkpoint     string    `json:"checkpoint"`
+	Method         string    `json:"method"`
+	URL            string    `json:"url"`
+	Status         string    `json:"status"`
+	ResponseStatus int       `json:"response_status,omitempty"`
+	Attempts       int       `json:"attempts,omitempty"`
+	Created        time.Time `json:"created"`
+}
+
+// StatePatchResult answers a state patch.
+type StatePatchResult struct {
+	Seq     uint64 `json:"seq"`
+	Applied int    `json:"applied"`
+}
+
+// VerifyResult reports a consistency check; OK is false when Problems is not empty.
+type VerifyResult struct {
+	ID         string   `json:"id"`
+	Checkpoint string   `json:"checkpoint"`
+	OK         bool     `json:"ok"`
+	Problems   []string `json:"problems,omitempty"`
+}

@@ -1,0 +1,164 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/overlay"
+)
+
+// cleanupTimeout bounds thaws and other cleanups that must run even if the request is gone.
+const cleanupTimeout = 10 * time.Second
+
+func levelOf(l string) (overlay.Level, error) {
+	switch l {
+	case "", api.LevelL1:
+		return overlay.L1, nil
+	case api.LevelL2:
+		return overlay.L2, nil
+	case api.LevelL3:
+		return 0, fmt.Errorf("level l3 (process checkpoints) is not available yet: %w", errdefs.ErrFailedPrecondition)
+	}
+	return 0, fmt.Errorf("checkpoint level %q: want l1, l2 or l3: %w", l, errdefs.ErrInvalidArgument)
+}
+
+// Checkpoint takes a checkpoint of a leased sandbox.
+func (o *Orchestrator) Checkpoint(ctx context.Context, id string, req api.CheckpointRequest) (api.Checkpoint, error) {
+	s, err := o.session(ctx, id)
+	if err != nil {
+		return api.Checkpoint{}, err
+	}
+	return o.checkpoint(ctx, s, req)
+}
+
+// checkpoint is the consistent cut of DESIGN.md: freeze, capture the upper dir, read the state
+// sequence number, the effect watermark and the process list, thaw; then record it durably.
+// The thaw runs even if ctx is cancelled.
+func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.CheckpointRequest) (api.Checkpoint, error) {
+	level, err := levelOf(req.Level)
+	if err != nil {
+		return api.Checkpoint{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start := time.Now()
+	rec := ckptRecord{Checkpoint: api.Checkpoint{ID: strconv.Itoa(s.meta.Next), Sandbox: s.id,
+		Level: req.Level, Message: req.Message, Created: start.UTC()}}
+	if rec.Level == "" {
+		rec.Level = api.LevelL1
+	}
+	if l := s.latest(); l != nil {
+		rec.Parent = l.ID
+	}
+	frozen, err := o.cut(ctx, s, level, &rec)
+	if err != nil {
+		return api.Checkpoint{}, err
+	}
+	rec.FrozenMS, rec.TotalMS = ms(frozen), ms(time.Since(start))
+	if err := s.rec.write(rec); err != nil {
+		_ = s.fs.Delete(context.WithoutCancel(ctx), rec.ID)
+		return api.Checkpoint{}, fmt.Errorf("record checkpoint %s of %s: %w", rec.ID, s.id, err)
+	}
+	s.ckpts = append(s.ckpts, rec)
+	s.meta.Next++
+	o.effects.SetCheckpoint(s.id, rec.ID)
+	rec.TotalMS = ms(time.Since(start))
+	log.L(ctx).Info("checkpoint created", "sandbox", s.id, "checkpoint", rec.ID, "level", rec.Level,
+		"files", rec.FilesChanged, "bytes", rec.Bytes, "frozen_ms", rec.FrozenMS, "total_ms", rec.TotalMS)
+	o.retain(ctx, s)
+	return rec.Checkpoint, nil
+}
+
+// cut runs the frozen window and fills rec; it returns how long the sandbox was frozen.
+func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, error) {
+	if err := s.frz.freeze(ctx); err != nil {
+		return 0, err
+	}
+	frozenAt := time.Now()
+	defer o.thaw(ctx, s)
+	res, err := s.fs.Capture(ctx, overlay.CaptureRequest{ID: rec.ID, Parent: rec.Parent, Level: level,
+		Upper: s.sb.Layout.Upper, Lower: s.sb.Layout.Lower})
+	if err != nil {
+		return 0, fmt.Errorf("capture files of %s: %w", s.id, err)
+	}
+	rec.FilesChanged, rec.Bytes = res.FilesChanged, res.BytesCopied
+	rec.StateSeq, rec.EffectsWatermark = s.state.Seq(), o.effects.Watermark(s.id)
+	if rec.Procs, err = s.frz.procs(); err != nil {
+		_ = s.fs.Delete(context.WithoutCancel(ctx), rec.ID)
+		return 0, err
+	}
+	if err := o.thaw(ctx, s); err != nil {
+		return 0, err
+	}
+	return time.Since(frozenAt), nil
+}
+
+// thaw thaws the sandbox with a context that survives the request's cancellation.
+func (o *Orchestrator) thaw(ctx context.Context, s *session) error {
+	err := s.frz.thaw()
+	if err != nil {
+		log.L(ctx).Error("thaw sandbox", "sandbox", s.id, "error", err)
+	}
+	return err
+}
+
+// retain deletes the oldest checkpoints beyond the retention limit. The first checkpoint
+// (the sandbox as leased) is kept: release resets the files to it.
+func (o *Orchestrator) retain(ctx context.Context, s *session) {
+	for len(s.ckpts) > max(o.opts.Retain, 2) {
+		victim := s.ckpts[1]
+		if err := s.fs.Delete(ctx, victim.ID); err != nil {
+			log.L(ctx).Warn("retention: delete checkpoint", "sandbox", s.id, "checkpoint", victim.ID, "error", err)
+			return
+		}
+		_ = s.rec.remove(victim.ID)
+		s.ckpts = append(s.ckpts[:1], s.ckpts[2:]...)
+		if err := s.state.Compact(ctx, s.ckpts[1].StateSeq); err != nil {
+			log.L(ctx).Warn("retention: compact state", "sandbox", s.id, "error", err)
+		}
+	}
+}
+
+// Checkpoints lists a sandbox's checkpoints, oldest first.
+func (o *Orchestrator) Checkpoints(ctx context.Context, id string) ([]api.Checkpoint, error) {
+	s, err := o.session(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]api.Checkpoint, len(s.ckpts))
+	for i, c := range s.ckpts {
+		out[i] = s.view(c)
+	}
+	return out, nil
+}
+
+// InspectCheckpoint returns one checkpoint.
+func (o *Orchestrator) InspectCheckpoint(ctx context.Context, id, ckpt string) (api.Checkpoint, error) {
+	s, err := o.session(ctx, id)
+	if err != nil {
+		return api.Checkpoint{}, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i := s.find(ckpt)
+	if i < 0 {
+		return api.Checkpoint{}, fmt.Errorf("checkpoint %q of sandbox %q: %w", ckpt, id, errdefs.ErrNotFound)
+	}
+	return s.view(s.ckpts[i]), nil
+}
+
+func (s *session) view(c ckptRecord) api.Checkpoint {
+	v := c.Checkpoint
+	v.Committed = s.meta.CommitAfter != "" && ckptNum(c.ID) <= ckptNum(s.meta.CommitAfter)
+	return v
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,118 @@
+package orchestrator
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/cgroups/v3"
+	"github.com/containerd/errdefs"
+)
+
+// freezeTimeout bounds how long a freeze may take before it is undone and reported.
+const freezeTimeout = 5 * time.Second
+
+// freezer freezes and thaws one sandbox's cgroup by writing the cgroup files directly
+// (≈0.2 ms here, against ~ms for a containerd task pause round trip).
+type freezer struct {
+	dir string // cgroup directory holding the freezer files and cgroup.procs
+	v2  bool
+}
+
+func newFreezer(cgroupsPath string) freezer {
+	if cgroups.Mode() == cgroups.Unified {
+		return freezer{dir: filepath.Join("/sys/fs/cgroup", cgroupsPath), v2: true}
+	}
+	return freezer{dir: filepath.Join("/sys/fs/cgroup/freezer", cgroupsPath)}
+}
+
+// freeze stops every process of the sandbox and waits until the kernel says it is frozen.
+func (f freezer) freeze(ctx context.Context) error {
+	file, want := "freezer.state", "FROZEN"
+	if f.v2 {
+		file, want = "cgroup.freeze", "1"
+	}
+	if err := os.WriteFile(filepath.Join(f.dir, file), []byte(want), 0); err != nil {
+		return fmt.Errorf("freeze %s: %w", f.dir, err)
+	}
+	deadline := time.Now().Add(freezeTimeout)
+	for sleep := 20 * time.Microsecond; ; sleep = min(sleep*2, time.Millisecond) {
+		frozen, err := f.frozen()
+		if err != nil || frozen {
+			return err
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			_ = f.thaw()
+			return fmt.Errorf("sandbox cgroup %s did not freeze within %s: %w", f.dir, freezeTimeout, errdefs.ErrUnavailable)
+		}
+		time.Sleep(sleep)
+	}
+}
+
+func (f freezer) frozen() (bool, error) {
+	if f.v2 {
+		data, err := os.ReadFile(filepath.Join(f.dir, "cgroup.events"))
+		return bytes.Contains(data, []byte("frozen 1")), err
+	}
+	data, err := os.ReadFile(filepath.Join(f.dir, "freezer.state"))
+	return strings.TrimSpace(string(data)) == "FROZEN", err
+}
+
+// thaw lets the sandbox run again. It is safe to call on a thawed sandbox.
+func (f freezer) thaw() error {
+	file, val := "freezer.state", "THAWED"
+	if f.v2 {
+		file, val = "cgroup.freeze", "0"
+	}
+	if err := os.WriteFile(filepath.Join(f.dir, file), []byte(val), 0); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("thaw %s: %w", f.dir, err)
+	}
+	return nil
+}
+
+// proc identifies a process across pid reuse: host pid plus start time (clock ticks).
+type proc struct {
+	Pid   int    `json:"pid"`
+	Start uint64 `json:"start"`
+}
+
+// procs lists the sandbox's processes.
+func (f freezer) procs() ([]proc, error) {
+	data, err := os.ReadFile(filepath.Join(f.dir, "cgroup.procs"))
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox processes: %w", err)
+	}
+	var out []proc
+	for _, field := range strings.Fields(string(data)) {
+		pid, err := strconv.Atoi(field)
+		if err != nil {
+			continue
+		}
+		if start, err := procStart(pid); err == nil {
+			out = append(out, proc{Pid: pid, Start: start})
+		}
+	}
+	return out, nil
+}
+
+// procStart reads field 22 (starttime) of /proc/PID/stat.
+func procStart(pid int) (uint64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(data, ')') // comm may contain spaces and parentheses
+	if i < 0 {
+		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	fields := strings.Fields(string(data[i+1:]))
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}

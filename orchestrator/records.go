@@ -1,0 +1,100 @@
+package orchestrator
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+// ckptRecord is a checkpoint as stored on disk: the API view plus what rollback needs.
+type ckptRecord struct {
+	api.Checkpoint
+	Procs []proc `json:"procs"` // the sandbox's processes at the cut
+}
+
+// sessionMeta is the per-sandbox record that outlives individual checkpoints.
+type sessionMeta struct {
+	Next        int    `json:"next"`         // number of the next checkpoint (IDs are never reused)
+	CommitAfter string `json:"commit_after"` // latest checkpoint at the last commit
+}
+
+// records keeps one JSON file per checkpoint plus meta.json in a sandbox's directory, each
+// written atomically (temp file, fsync, rename, directory fsync).
+type records struct{ dir string }
+
+func (r records) path(id string) string { return filepath.Join(r.dir, "ckpt-"+id+".json") }
+
+func (r records) write(rec ckptRecord) error {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(r.path(rec.ID), data, 0o600)
+}
+
+func (r records) remove(id string) error {
+	if err := os.Remove(r.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// list returns every checkpoint record, oldest first.
+func (r records) list() ([]ckptRecord, error) {
+	names, err := filepath.Glob(filepath.Join(r.dir, "ckpt-*.json"))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ckptRecord, 0, len(names))
+	for _, n := range names {
+		data, err := os.ReadFile(n)
+		if err != nil {
+			return nil, err
+		}
+		var rec ckptRecord
+		if err := json.Unmarshal(data, &rec); err != nil {
+			return nil, fmt.Errorf("checkpoint record %s: %v: %w", n, err, errdefs.ErrDataLoss)
+		}
+		out = append(out, rec)
+	}
+	sort.Slice(out, func(i, j int) bool { return ckptNum(out[i].ID) < ckptNum(out[j].ID) })
+	return out, nil
+}
+
+func (r records) readMeta() (sessionMeta, error) {
+	m := sessionMeta{Next: 1}
+	data, err := os.ReadFile(filepath.Join(r.dir, "meta.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return m, nil
+	}
+	if err != nil {
+		return m, err
+	}
+	return m, json.Unmarshal(data, &m)
+}
+
+func (r records) writeMeta(m sessionMeta) error {
+	data, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(r.dir, "meta.json"), data, 0o600)
+}
+
+// ckptNum is the number of a checkpoint ID ("7" -> 7); IDs are decimal and increase.
+func ckptNum(id string) int {
+	n, err := strconv.Atoi(strings.TrimSpace(id))
+	if err != nil {
+		return -1
+	}
+	return n
+}

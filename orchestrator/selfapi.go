@@ -1,0 +1,85 @@
+package orchestrator
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+// SelfSocket is the name of the per-sandbox API socket in the sandbox's run directory; inside
+// the sandbox it is /.deltabox/run/api.sock.
+const SelfSocket = "api.sock"
+
+// selfHandler serves a sandbox its own checkpoint, rollback, diff, state and verify routes
+// under /v1/self/...; requests are rewritten to /v1/sandboxes/<id>/... so no other sandbox can
+// be named. Commit and forced rollbacks stay with the pipeline outside.
+func (o *Orchestrator) selfHandler(id string) http.Handler {
+	mux := http.NewServeMux()
+	o.checkpointRoutes(mux, "/v1/sandboxes/{id}")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rest, ok := strings.CutPrefix(r.URL.Path, "/v1/self/")
+		if !ok || rest == "commit" || strings.Contains(rest, "..") {
+			writeError(r.Context(), w, fmt.Errorf("no route %s %s inside a sandbox (routes are /v1/self/checkpoints, rollback, diff, state, state/log, verify): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
+			return
+		}
+		if rest == "rollback" {
+			if err := refuseForce(r); err != nil {
+				writeError(r.Context(), w, err)
+				return
+			}
+		}
+		r.URL.Path = "/v1/sandboxes/" + id + "/" + rest
+		r.URL.RawPath = ""
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// serveSelf listens on the sandbox's api.sock until ctx ends. The run directory is the
+// sandbox's: an existing entry (even a symlink) is removed, never followed.
+func (o *Orchestrator) serveSelf(ctx context.Context, s *session) (func(), error) {
+	path := filepath.Join(s.sb.RunDir, SelfSocket)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale %s: %w", path, err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on the sandbox socket: %w", err)
+	}
+	_ = os.Chmod(path, 0o666)
+	srv := &http.Server{Handler: o.selfHandler(s.id), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.L(ctx).Warn("sandbox socket stopped", "sandbox", s.id, "error", err)
+		}
+	}()
+	return func() { srv.Close() }, nil
+}
+
+// refuseForce rejects a forced rollback (past a commit) from inside a sandbox; it leaves the
+// request body readable for the real handler.
+func refuseForce(r *http.Request) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody))
+	if err != nil {
+		return fmt.Errorf("read rollback request: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	var req api.RollbackRequest
+	if json.Unmarshal(body, &req) == nil && req.Force {
+		return fmt.Errorf("forced rollback (past a commit) is not available inside a sandbox: %w", errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}

@@ -1,0 +1,190 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/orchestrator/state"
+	"github.com/deltabox/deltabox/overlay"
+	"github.com/deltabox/deltabox/pool"
+)
+
+// session is the checkpoint side of one leased sandbox: its layer store, agent state, effect
+// watermarks and checkpoint records, all under <root>/sandboxes/<id>/.
+type session struct {
+	// mu serialises checkpoint, rollback and commit (write lock); state patches take the read
+	// lock so that they run concurrently with each other but never across a cut.
+	mu    sync.RWMutex
+	id    string
+	sb    pool.Sandbox
+	dir   string
+	fs    *overlay.Store
+	state *state.Store
+	rec   records
+	meta  sessionMeta
+	ckpts []ckptRecord // oldest first
+	frz   freezer
+
+	ready     chan struct{} // closed once open finished
+	openErr   error
+	stopServe func() // closes the sandbox's own API socket
+}
+
+func (o *Orchestrator) sessionDir(id string) string {
+	return filepath.Join(o.opts.Root, "sandboxes", id)
+}
+
+// startSession opens (or reopens, after a restart) the session of a leased sandbox in the
+// background; users of the session wait for it. A fresh session's first checkpoint captures
+// the sandbox as leased.
+func (o *Orchestrator) startSession(ctx context.Context, sb pool.Sandbox) *session {
+	s := &session{id: sb.ID, sb: sb, dir: o.sessionDir(sb.ID), rec: records{dir: o.sessionDir(sb.ID)},
+		frz: newFreezer(sb.Layout.Cgroup), ready: make(chan struct{})}
+	o.mu.Lock()
+	o.sessions[sb.ID] = s
+	o.mu.Unlock()
+	go func() {
+		defer close(s.ready)
+		ctx := log.With(context.WithoutCancel(ctx), "sandbox", sb.ID)
+		if s.openErr = o.openSession(ctx, s); s.openErr != nil {
+			log.L(ctx).Error("open sandbox session", "error", s.openErr)
+		}
+	}()
+	return s
+}
+
+func (o *Orchestrator) openSession(ctx context.Context, s *session) error {
+	if err := s.frz.thaw(); err != nil { // a crash may have left it frozen
+		return err
+	}
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return fmt.Errorf("create session dir: %w", err)
+	}
+	var err error
+	if s.fs, err = overlay.NewStore(filepath.Join(s.dir, "layers")); err != nil {
+		return err
+	}
+	if s.state, err = state.Open(ctx, filepath.Join(s.dir, "state")); err != nil {
+		return err
+	}
+	if s.meta, err = s.rec.readMeta(); err != nil {
+		return fmt.Errorf("read session meta: %w", err)
+	}
+	if err := s.loadCheckpoints(ctx); err != nil {
+		return err
+	}
+	if len(s.ckpts) == 0 {
+		if _, err = o.checkpoint(ctx, s, api.CheckpointRequest{Level: api.LevelL1, Message: "lease"}); err != nil {
+			return err
+		}
+	}
+	s.stopServe, err = o.serveSelf(ctx, s)
+	return err
+}
+
+// loadCheckpoints reads the records and reconciles them with the layer store: a crash between
+// the layer capture and the record leaves a layer checkpoint without a record, which is dropped.
+func (s *session) loadCheckpoints(ctx context.Context) error {
+	recs, err := s.rec.list()
+	if err != nil {
+		return err
+	}
+	layers := s.fs.Checkpoints()
+	for _, r := range recs {
+		if slices.Contains(layers, r.ID) {
+			s.ckpts = append(s.ckpts, r)
+		} else if err := s.rec.remove(r.ID); err != nil {
+			return err
+		}
+	}
+	for _, r := range s.ckpts {
+		s.meta.Next = max(s.meta.Next, ckptNum(r.ID)+1)
+	}
+	for i := len(layers) - 1; i >= 0; i-- {
+		if s.find(layers[i]) < 0 {
+			log.L(ctx).Warn("dropping checkpoint without a record (crash during checkpoint)", "checkpoint", layers[i])
+			if err := s.fs.Delete(ctx, layers[i]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// find returns the index of checkpoint id, or -1.
+func (s *session) find(id string) int {
+	for i, c := range s.ckpts {
+		if c.ID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+func (s *session) latest() *ckptRecord {
+	if len(s.ckpts) == 0 {
+		return nil
+	}
+	return &s.ckpts[len(s.ckpts)-1]
+}
+
+func (s *session) close() error {
+	if s.stopServe != nil {
+		s.stopServe()
+	}
+	var errs []error
+	if s.fs != nil {
+		errs = append(errs, s.fs.Close())
+	}
+	if s.state != nil {
+		errs = append(errs, s.state.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// session returns the open session of a leased sandbox.
+func (o *Orchestrator) session(ctx context.Context, id string) (*session, error) {
+	o.mu.Lock()
+	s, ok := o.sessions[id]
+	o.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if s.openErr != nil {
+		return nil, fmt.Errorf("sandbox %q is not usable: %w", id, s.openErr)
+	}
+	return s, nil
+}
+
+// endSession closes a released sandbox's session and deletes its directory.
+func (o *Orchestrator) endSession(ctx context.Context, id string) {
+	o.mu.Lock()
+	s, ok := o.sessions[id]
+	delete(o.sessions, id)
+	o.mu.Unlock()
+	if !ok {
+		return
+	}
+	<-s.ready
+	if err := s.close(); err != nil {
+		log.L(ctx).Warn("close session", "sandbox", id, "error", err)
+	}
+	o.effects.Forget(id)
+	if err := os.RemoveAll(s.dir); err != nil {
+		log.L(ctx).Warn("remove session dir", "sandbox", id, "error", err)
+	}
+}
