@@ -38,7 +38,8 @@ type Options struct {
 	// them back to a temporary name.
 	LinkRemap bool
 	// Extra holds further CRIU long options, one per entry, without the leading "--"
-	// (e.g. "ghost-limit 10M").
+	// (e.g. "ghost-limit 10M"). "network-lock" is refused: CRIU 4.1.1 segfaults in RPC mode
+	// (the way runc drives it) when a configuration file sets it.
 	Extra []string
 }
 
@@ -50,6 +51,9 @@ func (o Options) Validate() error {
 	for _, e := range o.Extra {
 		if e == "" || strings.ContainsAny(e, "\n\r") || strings.HasPrefix(e, "-") {
 			return fmt.Errorf("criu options: bad extra option %q (one option per entry, no leading dashes): %w", e, errdefs.ErrInvalidArgument)
+		}
+		if strings.HasPrefix(e, "network-lock") {
+			return fmt.Errorf("criu options: %q in a config file crashes CRIU 4.1.1 under runc: %w", e, errdefs.ErrInvalidArgument)
 		}
 	}
 	return nil
