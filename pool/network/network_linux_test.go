@@ -83,7 +83,7 @@ func TestIsolation(t *testing.T) {
 		for _, tc := range []struct {
 			dst string
 			srv *server
-		}{{"198.51.100.7:80", httpT}, {"198.51.100.7:443", httpsT}, {b.IP.String() + ":80", httpT}} {
+		}{{"198.51.100.7:80", httpT}, {"198.51.100.7:443", httpsT}, {gw.String() + ":80", httpT}} {
 			dst := netip.MustParseAddrPort(tc.dst)
 			mustConnect(t, a, dst)
 			got := tc.srv.seen()
@@ -93,8 +93,41 @@ func TestIsolation(t *testing.T) {
 			t.Logf("%s -> %s, SO_ORIGINAL_DST %s", dst, tc.srv.l.Addr(), got[len(got)-1].origDst)
 		}
 	})
+	t.Run("other sandbox on :80 is dropped (same subnet: layer 2, never via the gateway)", func(t *testing.T) {
+		mustNotConnect(t, a, netip.AddrPortFrom(b.IP, 80))
+	})
 	t.Run("UDP gets nothing", func(t *testing.T) {
 		udpDropped(t, a, gw)
+	})
+	t.Run("without port isolation the firewall still drops sandbox-to-sandbox", func(t *testing.T) {
+		if v, err := os.ReadFile("/proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil || strings.TrimSpace(string(v)) != "1" {
+			t.Skip("br_netfilter is off: port isolation is the only layer-2 guard")
+		}
+		setIsolation(t, "off")
+		defer setIsolation(t, "on")
+		mustNotConnect(t, a, netip.MustParseAddrPort(inB.Addr().String()))
+		// Control: without the FORWARD jumps as well, A does reach B.
+		for _, j := range m.fw.jumps() {
+			if j.hook == "FORWARD" && j.to.tool == "iptables" {
+				if err := m.fw.removeJump(context.Background(), j); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		defer ensureFirewall(t, m)
+		c, err := dialFrom(t, a.NetNSPath, "tcp4", netip.MustParseAddrPort(inB.Addr().String()))
+		if err != nil {
+			t.Fatalf("control: no isolation and no firewall, yet A cannot reach B: %v", err)
+		}
+		c.Close()
+	})
+	t.Run("control: without the firewall the drops above would connect", func(t *testing.T) {
+		if err := m.fw.remove(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		defer ensureFirewall(t, m)
+		mustConnect(t, a, netip.AddrPortFrom(gw, testOtherPort))
+		mustConnect(t, a, netip.AddrPortFrom(gw, any.port()))
 	})
 	t.Run("sandbox has no IPv6", func(t *testing.T) {
 		inNetNS(t, a.NetNSPath, func() {
@@ -103,6 +136,12 @@ func TestIsolation(t *testing.T) {
 			}
 		})
 	})
+}
+
+func ensureFirewall(t *testing.T, m *Manager) {
+	if err := m.fw.ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func mustConnect(t *testing.T, from Attachment, to netip.AddrPort) {
@@ -226,12 +265,27 @@ func TestTeardownFreesEverything(t *testing.T) {
 	_ = proxy
 }
 
-func bridgePorts(t testing.TB) int {
+func bridgePorts(t testing.TB) int { return len(bridgePortNames(t)) }
+
+func bridgePortNames(t testing.TB) []string {
 	entries, err := os.ReadDir(filepath.Join("/sys/class/net", testBridge, "brif"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(entries)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// setIsolation turns the test bridge's port isolation on or off on every port.
+func setIsolation(t testing.TB, state string) {
+	for _, port := range bridgePortNames(t) {
+		if _, err := (execRunner{}).Run(context.Background(), nil, "ip", "link", "set", "dev", port, "type", "bridge_slave", "isolated", state); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestReconcileAndLookup(t *testing.T) {
