@@ -18,7 +18,8 @@ import (
 // TestRandomizedRollback drives random file operations through the merged mount, takes
 // checkpoints at random points (recording a full walk of the merged tree), and rolls back to
 // random earlier checkpoints; the tree must then equal the recorded walk exactly (type, mode,
-// owner, size, content hash, symlink target, xattrs, hard-link grouping, mtime). It also
+// owner, size, content hash, symlink target, xattrs, hard-link grouping, mtime), and Verify
+// must report nothing right after each checkpoint and rollback. It also
 // reopens the store and deletes checkpoints along the way. DELTABOX_OVERLAY_RANDOM_OPS and
 // DELTABOX_OVERLAY_RANDOM_SEED run it longer or differently.
 func TestRandomizedRollback(t *testing.T) {
@@ -81,6 +82,7 @@ func (r *randomizer) checkpoint(lvl Level) {
 		r.t.Logf("checkpoint %s %s: %v", id, lvl, res.Paths)
 	}
 	r.walks[id] = walkTree(r.t, r.f.merged)
+	verifyNone(r.t, r.f, id, VerifyMtimes())
 }
 
 func (r *randomizer) rollback(id string) {
@@ -99,6 +101,7 @@ func (r *randomizer) rollback(id string) {
 		}
 		r.t.Fatalf("after rollback to %s (rollback #%d):\n%s", id, r.rollbacks, joinLines(d))
 	}
+	verifyNone(r.t, r.f, id, VerifyMtimes())
 }
 
 func (r *randomizer) deleteOne() {
@@ -219,7 +222,7 @@ func (r *randomizer) mutate(i int) {
 	case 12:
 		target := r.pick(append(files, dirs[1:]...))
 		if target != "" {
-			_ = unix.Lsetxattr(m(target), fmt.Sprintf("user.k%d", r.rng.IntN(3)), r.content()[:r.rng.IntN(20)], 0)
+			_ = unix.Lsetxattr(m(target), fmt.Sprintf("user.k%d", r.rng.IntN(3)), r.xattrValue(), 0)
 		}
 	case 13:
 		ts := unix.NsecToTimespec(time.Unix(int64(r.rng.IntN(1<<30)), int64(r.rng.IntN(1e9))).UnixNano())
@@ -236,4 +239,13 @@ func (r *randomizer) mutate(i int) {
 func notSymlink(p string) bool {
 	fi, err := os.Lstat(p)
 	return err == nil && fi.Mode()&os.ModeSymlink == 0
+}
+
+// xattrValue returns a short random value (0-19 bytes).
+func (r *randomizer) xattrValue() []byte {
+	b := make([]byte, r.rng.IntN(20))
+	for i := range b {
+		b[i] = byte(r.rng.IntN(256))
+	}
+	return b
 }

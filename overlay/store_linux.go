@@ -344,3 +344,11 @@ func (s *Store) lookup(id string) (int, error) {
 func (s *Store) logger(ctx context.Context) context.Context {
 	return log.With(ctx, "layer_store", s.dir)
 }
+
+// stateAt returns the upper state at chain position pos.
+func (s *Store) stateAt(pos int) map[string]*Entry {
+	if pos == len(s.chain)-1 {
+		return s.state
+	}
+	return s.foldState(pos)
+}

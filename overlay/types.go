@@ -137,3 +137,14 @@ func validateID(id string) error {
 	}
 	return nil
 }
+
+// Mismatch is one way the merged tree differs from a checkpoint's recorded state. What names
+// the difference: missing (recorded, not in the tree), extra (in the tree, not recorded),
+// type, mode, owner (uid:gid), size, content (sha256 of both sides), target (symlink), rdev,
+// xattrs, link (a recorded hard link is broken) or mtime (only with VerifyMtimes).
+type Mismatch struct {
+	Path string `json:"path"`
+	What string `json:"what"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+}

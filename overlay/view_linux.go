@@ -60,12 +60,15 @@ func (v *view) lookup(p string) (*Entry, error) {
 	return e, err
 }
 
-// resolve walks p component by component. For a directory it also returns the lower layers
+// resolve walks p component by component ("" is the root). For a directory it also returns the lower layers
 // whose copy of it is merged in (none when an opaque directory or a non-directory cuts them).
 func (v *view) resolve(p string) (*Entry, []int, error) {
 	active := make([]int, len(v.fds))
 	for i := range active {
 		active[i] = i
+	}
+	if p == "" { // the root: every layer's root is merged in
+		return &Entry{Kind: KindDir}, active, nil
 	}
 	comps := strings.Split(p, "/")
 	prefix := ""
