@@ -1,0 +1,118 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// Status is where an effect is in its life.
+type Status string
+
+// Effect statuses.
+const (
+	StatusHeld        Status = "held"        // journaled, not sent; waits for commit or rollback
+	StatusSending     Status = "sending"     // a commit started sending it (it may have arrived)
+	StatusReleased    Status = "released"    // sent on commit and answered below 400
+	StatusFailed      Status = "failed"      // sending (or compensating) gave up or got >= 400
+	StatusDropped     Status = "dropped"     // rolled back before it was sent
+	StatusPassed      Status = "passed"      // sent at once (compensate, or pass when recorded)
+	StatusCompensated Status = "compensated" // rolled back: its compensating request was sent
+)
+
+// Effect is the public view of a journaled request.
+type Effect struct {
+	ID             string    `json:"id"`
+	Seq            uint64    `json:"seq"`
+	Checkpoint     string    `json:"checkpoint"`
+	Method         string    `json:"method"`
+	URL            string    `json:"url"`
+	Status         Status    `json:"status"`
+	ResponseStatus int       `json:"response_status,omitempty"`
+	Attempts       int       `json:"attempts"`
+	Created        time.Time `json:"created"`
+	Error          string    `json:"error,omitempty"`
+}
+
+// SetCheckpoint tags the effects the sandbox records from now on with ckpt (durably, so
+// that it survives a restart).
+func (p *Proxy) SetCheckpoint(ctx context.Context, sandboxID, ckpt string) error {
+	if err := p.journalAppend(ctx, sandboxID, &record{Type: recCheckpoint, Checkpoint: ckpt}); err != nil {
+		return fmt.Errorf("set checkpoint of %s: %w", sandboxID, err)
+	}
+	return nil
+}
+
+// Watermark returns the sequence number of the sandbox's newest effect (0 if none). A
+// checkpoint records it; Rollback to that checkpoint undoes every effect above it.
+func (p *Proxy) Watermark(sandboxID string) uint64 {
+	j, err := p.journalFor(context.Background(), sandboxID, false)
+	if err != nil {
+		return 0
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.seq
+}
+
+// Effects lists the sandbox's effects in sequence order, only those with one of the given
+// statuses if any are given.
+func (p *Proxy) Effects(sandboxID string, statuses ...Status) []Effect {
+	j, err := p.journalFor(context.Background(), sandboxID, false)
+	if err != nil {
+		return nil
+	}
+	sts := j.snapshot(func(st *effectState) bool {
+		return len(statuses) == 0 || contains(statuses, st.Status)
+	})
+	out := make([]Effect, len(sts))
+	for i, st := range sts {
+		out[i] = st.Effect
+	}
+	return out
+}
+
+// Effect returns one effect; errdefs.ErrNotFound if the sandbox or effect is unknown.
+func (p *Proxy) Effect(sandboxID, effectID string) (Effect, error) {
+	j, err := p.journalFor(context.Background(), sandboxID, false)
+	if err != nil {
+		return Effect{}, err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	st := j.byID[effectID]
+	if st == nil {
+		return Effect{}, fmt.Errorf("effect %q of sandbox %s: %w", sanitize(effectID), sandboxID, errdefs.ErrNotFound)
+	}
+	return st.Effect, nil
+}
+
+// RemoveSandbox deletes the sandbox's journal and forgets its connection pool. Held effects
+// are gone with it.
+func (p *Proxy) RemoveSandbox(sandboxID string) error {
+	if err := checkID(sandboxID); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	j := p.journals[sandboxID]
+	delete(p.journals, sandboxID)
+	if t := p.transports[sandboxID]; t != nil {
+		t.CloseIdleConnections()
+		delete(p.transports, sandboxID)
+	}
+	p.mu.Unlock()
+	if j != nil {
+		j.op.Lock() // wait for a running commit or rollback
+		defer j.op.Unlock()
+		_ = j.close()
+	}
+	path := p.journalDir + "/" + sandboxID + ".journal"
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove journal of %s: %w", sandboxID, err)
+	}
+	return nil
+}

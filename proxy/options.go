@@ -1,0 +1,113 @@
+package proxy
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultBodyLimit bounds the request bodies the proxy journals (and buffers for compensation).
+const DefaultBodyLimit = 10 << 20
+
+// Resolver resolves host names; *net.Resolver satisfies it.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Dialer opens upstream connections; *net.Dialer satisfies it.
+type Dialer interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// OriginalDstFunc returns the destination a transparently redirected connection was sent to.
+type OriginalDstFunc func(c net.Conn) (netip.AddrPort, error)
+
+type config struct {
+	stateDir        string
+	listenAddrs     []string
+	transparentAddr []string
+	extraRootsPEM   [][]byte
+	bodyLimit       int64
+	leafCacheSize   int
+	resolver        Resolver
+	dialer          Dialer
+	clock           func() time.Time
+	registerer      prometheus.Registerer
+	originalDst     OriginalDstFunc
+	commitAttempts  int
+	commitBackoff   time.Duration
+	recordPassed    bool
+}
+
+// Option configures New.
+type Option func(*config)
+
+// WithStateDir sets the directory of the CA (ca/) and the effect journals (journal/). Required.
+func WithStateDir(dir string) Option { return func(c *config) { c.stateDir = dir } }
+
+// WithListenAddr adds a forward-proxy listen address (host:port) used by Start.
+func WithListenAddr(addr string) Option {
+	return func(c *config) { c.listenAddrs = append(c.listenAddrs, addr) }
+}
+
+// WithTransparentAddr adds a listen address for transparently redirected connections
+// (iptables REDIRECT), used by Start.
+func WithTransparentAddr(addr string) Option {
+	return func(c *config) { c.transparentAddr = append(c.transparentAddr, addr) }
+}
+
+// WithUpstreamRootsPEM adds PEM CA certificates trusted for upstream TLS on top of the
+// system roots.
+func WithUpstreamRootsPEM(pem []byte) Option {
+	return func(c *config) { c.extraRootsPEM = append(c.extraRootsPEM, pem) }
+}
+
+// WithBodyLimit bounds journaled request bodies (default DefaultBodyLimit); larger held or
+// compensated requests get 413.
+func WithBodyLimit(n int64) Option { return func(c *config) { c.bodyLimit = n } }
+
+// WithLeafCacheSize bounds the number of intercepted hosts' certificates kept (default 1024).
+func WithLeafCacheSize(n int) Option { return func(c *config) { c.leafCacheSize = n } }
+
+// WithResolver replaces the system resolver (tests).
+func WithResolver(r Resolver) Option { return func(c *config) { c.resolver = r } }
+
+// WithDialer replaces the upstream dialer (tests).
+func WithDialer(d Dialer) Option { return func(c *config) { c.dialer = d } }
+
+// WithClock replaces time.Now.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
+
+// WithRegisterer registers the proxy's metrics with reg.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(c *config) { c.registerer = reg }
+}
+
+// WithOriginalDst replaces SO_ORIGINAL_DST lookups on transparent connections (tests).
+func WithOriginalDst(f OriginalDstFunc) Option { return func(c *config) { c.originalDst = f } }
+
+// WithCommitRetry sets the attempts per effect on commit (default 5) and the first backoff
+// (default 100ms, doubling).
+func WithCommitRetry(attempts int, backoff time.Duration) Option {
+	return func(c *config) { c.commitAttempts, c.commitBackoff = attempts, backoff }
+}
+
+// WithRecordPassed also journals passed requests (method and URL, not durably); off by
+// default because reads are the bulk of the traffic.
+func WithRecordPassed(on bool) Option { return func(c *config) { c.recordPassed = on } }
+
+func defaultConfig() config {
+	return config{
+		bodyLimit:      DefaultBodyLimit,
+		leafCacheSize:  1024,
+		resolver:       net.DefaultResolver,
+		dialer:         &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
+		clock:          time.Now,
+		originalDst:    originalDst,
+		commitAttempts: 5,
+		commitBackoff:  100 * time.Millisecond,
+	}
+}
