@@ -27,7 +27,8 @@ type connMeta struct {
 	port   int        // CONNECT authority port, or the original destination port
 	sni    string     // TLS server name the client sent, "" without TLS or without SNI
 	tls    bool
-	origIP netip.Addr // transparent: the original destination address
+	origIP netip.Addr      // transparent: the original destination address
+	base   context.Context // the context of the Serve call that accepted the connection
 }
 
 type metaKey struct{}

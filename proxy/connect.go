@@ -44,8 +44,8 @@ func (p *Proxy) handleConnect(w http.ResponseWriter, r *http.Request, m *connMet
 		return
 	}
 	rl.status = http.StatusOK
-	inner := &connMeta{mode: modeTunnel, src: m.src, host: host, port: port}
-	p.intercept(r.Context(), conn, brw.Reader, inner)
+	inner := &connMeta{mode: modeTunnel, src: m.src, host: host, port: port, base: m.base}
+	p.intercept(m.base, conn, brw.Reader, inner)
 }
 
 // intercept looks at the first byte of a tunnel or transparent connection: TLS is terminated
@@ -103,11 +103,11 @@ func (p *Proxy) acceptTransparent(ctx context.Context, c net.Conn) {
 		return
 	}
 	ip := dst.Addr().Unmap()
-	m := &connMeta{mode: modeTransparent, src: sourceAddr(c), host: ip.String(), port: int(dst.Port()), origIP: ip}
+	m := &connMeta{mode: modeTransparent, src: sourceAddr(c), host: ip.String(), port: int(dst.Port()), origIP: ip, base: ctx}
 	p.intercept(ctx, c, bufio.NewReader(c), m)
 }
 
 // acceptForward hands an explicit-proxy connection to the server.
 func (p *Proxy) acceptForward(ctx context.Context, c net.Conn) {
-	p.conns.push(&metaConn{Conn: c, r: c, meta: &connMeta{mode: modeForward, src: sourceAddr(c)}, ctx: ctx})
+	p.conns.push(&metaConn{Conn: c, r: c, meta: &connMeta{mode: modeForward, src: sourceAddr(c), base: ctx}, ctx: ctx})
 }
