@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -126,6 +127,15 @@ func TestFileLocksNeedConfig(t *testing.T) {
 	assertLocked(t, sb, "/tmp/lock")
 	e.restore(t, dst, images)
 	assertLocked(t, dst, "/tmp/lock")
+
+	// CRIU would restore into a container whose own config lacks file-locks without the lock,
+	// silently: Restore refuses.
+	bare := e.newContainer(t, pythonImage, lockScript, Options{TCPClose: true})
+	copyTree(t, e.upperDir(t, sb.id), e.upperDir(t, bare.id))
+	_, err := e.cp.Restore(e.ctx, bare.id, images, cio.LogFile(filepath.Join(bare.dir, "task.log")))
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "file-locks") {
+		t.Fatalf("want FailedPrecondition naming file-locks, got %v", err)
+	}
 }
 
 // inotifyScript watches /tmp (on the overlay rootfs) through libc's inotify.

@@ -108,13 +108,23 @@ func WithoutConfig() oci.SpecOpts {
 	return oci.WithAnnotations(map[string]string{ConfigAnnotation: ""})
 }
 
-// ConfigOf returns the CRIU configuration file named by a container's spec ("" when none).
+// DefaultRuncConfig is the CRIU configuration file runc uses for containers without the
+// ConfigAnnotation.
+const DefaultRuncConfig = "/etc/criu/runc.conf"
+
+// ConfigOf returns the CRIU configuration file runc uses for a container: the one its
+// ConfigAnnotation names, DefaultRuncConfig without the annotation, "" when the annotation
+// is set empty (no file at all).
 func ConfigOf(ctx context.Context, c containerd.Container) (string, error) {
 	s, err := c.Spec(ctx)
 	if err != nil {
 		return "", fmt.Errorf("spec of container %s: %w", c.ID(), err)
 	}
-	return s.Annotations[ConfigAnnotation], nil
+	p, ok := s.Annotations[ConfigAnnotation]
+	if !ok {
+		return DefaultRuncConfig, nil
+	}
+	return p, nil
 }
 
 // SetConfig points an existing container at the CRIU configuration file path (for example

@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -67,6 +69,9 @@ func (c *Checkpointer) restoreTarget(ctx context.Context, id, dir string) (conta
 	if err := checkCgroup(ctx, ctr, meta); err != nil {
 		return nil, err
 	}
+	if err := checkFileLocks(ctx, ctr, dir); err != nil {
+		return nil, err
+	}
 	return ctr, nil
 }
 
@@ -94,4 +99,41 @@ func (c *Checkpointer) deleteTask(ctx context.Context, task containerd.Task) {
 	if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 		log.L(ctx).Warn("delete task after failed restore", "container", task.ID(), "error", err)
 	}
+}
+
+// fileLocksImage is CRIU's image of the file locks of the dumped processes; it holds only its
+// 8-byte magic header when there were none.
+const fileLocksImage = "filelocks.img"
+
+// checkFileLocks refuses images holding file locks when the container's CRIU configuration
+// lacks file-locks: CRIU would restore the processes without their locks, silently.
+func checkFileLocks(ctx context.Context, ctr containerd.Container, dir string) error {
+	info, err := os.Stat(filepath.Join(dir, fileLocksImage))
+	if err != nil || info.Size() <= 8 {
+		return nil
+	}
+	conf, err := ConfigOf(ctx, ctr)
+	if err != nil {
+		return err
+	}
+	if conf != "" && configHas(conf, "file-locks") {
+		return nil
+	}
+	return fmt.Errorf("restore container %s: the images hold file locks but its CRIU config %q does not enable file-locks (the locks would be dropped silently; see WriteConfig): %w",
+		ctr.ID(), conf, errdefs.ErrFailedPrecondition)
+}
+
+// configHas reports whether the CRIU configuration file at path sets option.
+func configHas(path, option string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && strings.TrimLeft(f[0], "-") == option {
+			return true
+		}
+	}
+	return false
 }
