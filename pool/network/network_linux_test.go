@@ -330,3 +330,41 @@ func TestNewIsIdempotent(t *testing.T) {
 		t.Fatalf("Setup of an existing sandbox: %v, want AlreadyExists", err)
 	}
 }
+
+func TestConcurrentSetupTeardown(t *testing.T) {
+	m := newRootManager(t, testSubnet)
+	ctx := context.Background()
+	const n = 8
+	atts := make([]Attachment, n)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			var err error
+			atts[i], err = m.Setup(ctx, "par-"+string(rune('a'+i)))
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[netip.Addr]bool{}
+	for _, a := range atts {
+		if seen[a.IP] || !testSubnet.Contains(a.IP) || a.IP == m.Gateway() {
+			t.Fatalf("bad or duplicate IP %s in %v", a.IP, atts)
+		}
+		seen[a.IP] = true
+	}
+	for _, a := range atts {
+		go func() { errs <- m.Teardown(ctx, a.ID) }()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids, err := m.knownIDs(); err != nil || len(ids) != 0 {
+		t.Fatalf("left %v, %v", ids, err)
+	}
+}
