@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -270,9 +271,9 @@ func TestTransparentHTTPAndTLS(t *testing.T) {
 	up := newUpstream(t, false)
 	tlsUp := newUpstream(t, true)
 	lo := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
-	var dst netip.AddrPort
+	var dst atomic.Pointer[netip.AddrPort]
 	e := newEnv(t, WithResolver(mapResolver{"example.com": lo}), WithUpstreamRootsPEM(tlsUp.certPEM()),
-		WithOriginalDst(func(net.Conn) (netip.AddrPort, error) { return dst, nil }))
+		WithOriginalDst(func(net.Conn) (netip.AddrPort, error) { return *dst.Load(), nil }))
 	e.register(2, "sb-a", basePolicy(up.hostPort())+"  - {host: example.com, action: pass}\n")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -280,14 +281,16 @@ func TestTransparentHTTPAndTLS(t *testing.T) {
 	}
 	go func() { _ = e.p.ServeTransparent(e.ctx, l) }()
 
-	dst = netip.MustParseAddrPort(up.hostPort())
+	plainDst := netip.MustParseAddrPort(up.hostPort())
+	dst.Store(&plainDst)
 	c := dialFrom(t, 2, l.Addr().String())
 	resp := roundTripRaw(t, c, "GET /plain HTTP/1.1\r\nHost: "+up.hostPort()+"\r\n\r\n")
 	if body := mustStatus(t, resp, 200); body != "hello GET /plain" {
 		t.Fatalf("body %q", body)
 	}
 
-	dst = netip.MustParseAddrPort(tlsUp.hostPort())
+	tlsDst := netip.MustParseAddrPort(tlsUp.hostPort())
+	dst.Store(&tlsDst)
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(e.p.CACertPEM())
 	tc := tls.Client(dialFrom(t, 2, l.Addr().String()), &tls.Config{ServerName: "example.com", RootCAs: pool})
