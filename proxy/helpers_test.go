@@ -249,3 +249,5 @@ func mustStatus(t testing.TB, resp *http.Response, want int) string {
 	}
 	return string(body)
 }
+
+func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
