@@ -1,7 +1,3 @@
-// Package criu owns process checkpoint/restore with CRIU (L3 checkpoints): feature checks at
-// daemon start, dumps and restores, and the packaging of CRIU images. It shells out to the
-// criu binary through a small Runner so unit tests can fake it, and talks CRIU's RPC through
-// github.com/checkpoint-restore/go-criu/v7. It knows nothing about sandboxes or pools.
 package criu
 
 import (

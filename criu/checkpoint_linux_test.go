@@ -4,6 +4,7 @@ package criu
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -180,4 +181,25 @@ func assertLocked(t *testing.T, sb *sandbox, name string) {
 	if !errors.Is(err, unix.EWOULDBLOCK) {
 		t.Fatalf("%s in %s is not locked (flock: %v)", name, sb.id, err)
 	}
+}
+
+// TestHostConnectionBlocksDump: a host connection to init's socket open during the dump is
+// an external unix socket, which CRIU refuses; closed, the dump passes.
+func TestHostConnectionBlocksDump(t *testing.T) {
+	e := newEnv(t)
+	sb := e.newSandbox(t, busyboxImage, "sleep 1000", Options{})
+	conn, err := net.Dial("unix", filepath.Join(sb.runDir, "init.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.cp.Dump(e.ctx, sb.id, filepath.Join(t.TempDir(), "images"))
+	conn.Close()
+	if !errors.Is(err, ErrExternalUnixSocket) || !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("want ErrExternalUnixSocket + FailedPrecondition, got %v", err)
+	}
+	t.Logf("with a host connection: %v", err)
+	testutil.WaitFor(t, 5*time.Second, 20*time.Millisecond, "dump after closing the connection", func() bool {
+		_, err := e.cp.Dump(e.ctx, sb.id, filepath.Join(t.TempDir(), "images"))
+		return err == nil
+	})
 }

@@ -16,6 +16,11 @@ import (
 // 4.2 cannot dump (it cannot reopen the watched inode through an overlayfs file handle).
 var ErrInotifyOverlay = errors.New("processes with inotify watches on overlayfs cannot be checkpointed by CRIU <= 4.2")
 
+// ErrExternalUnixSocket is wrapped (with errdefs.ErrFailedPrecondition) into the error of a
+// dump that failed because a sandbox process has a unix connection to a peer outside the
+// sandbox, typically a host client of the init socket left open.
+var ErrExternalUnixSocket = errors.New("a unix socket connected from outside the sandbox (e.g. a host client of the init socket) is open; close it before the dump")
+
 // Log files CRIU writes into its work directory (runc's names).
 const (
 	DumpLog    = "dump.log"
@@ -31,6 +36,9 @@ func dumpError(id, dir string, err error) error {
 	lines := criuErrorLines(logPath)
 	if mentionsInotify(lines) {
 		return fmt.Errorf("dump container %s: %w (%s; log %s): %w", id, ErrInotifyOverlay, strings.Join(lines, "; "), logPath, errdefs.ErrFailedPrecondition)
+	}
+	if mentionsExternalUnix(lines) {
+		return fmt.Errorf("dump container %s: %w (%s; log %s): %w", id, ErrExternalUnixSocket, strings.Join(lines, "; "), logPath, errdefs.ErrFailedPrecondition)
 	}
 	if len(lines) == 0 {
 		return fmt.Errorf("dump container %s (no CRIU errors in %s): %w", id, logPath, err)
@@ -81,4 +89,15 @@ func mentionsInotify(lines []string) bool {
 // RLIMIT_NOFILE inside the shim's limits and says so as an "Error".
 func benign(line string) bool {
 	return strings.Contains(line, "Can't setup RLIMIT_NOFILE")
+}
+
+// mentionsExternalUnix matches CRIU's "unix: Unix socket N not found" (a peer outside the
+// dumped tree) and its "External socket" refusals.
+func mentionsExternalUnix(lines []string) bool {
+	for _, l := range lines {
+		if strings.Contains(l, "sk-unix.c") && (strings.Contains(l, "not found") || strings.Contains(l, "xternal")) {
+			return true
+		}
+	}
+	return false
 }
