@@ -41,6 +41,7 @@ type idxEntry struct {
 type dirList struct {
 	key   Key
 	names []string
+	paths []string // names joined to the directory's path
 }
 
 // newIndex builds an index from persisted keys (directory listings start empty).
@@ -111,7 +112,8 @@ func (ix *index) apply(res *scanResult) {
 	}
 }
 
-// walker is one parallel scan: a goroutine per directory, at most cap(sem) running.
+// walker is one parallel scan: a goroutine per directory, and per chunk of scanChunk names
+// of a large directory, at most cap(sem) of them statting at a time.
 type walker struct {
 	ctx     context.Context
 	rootfd  int
@@ -126,15 +128,53 @@ type walker struct {
 	err     error
 }
 
-// dir scans one directory and starts the scans of its subdirectories.
+// scanChunk is how many names of one directory a single worker stats: a flat directory of
+// thousands of files is spread over all workers.
+const scanChunk = 256
+
+// dir scans one directory: it lists it, hands all chunks of its names but the first to other
+// goroutines, stats the first itself and closes the directory when every chunk is done. It
+// gives up its worker slot before waiting, so waiting directories never starve the scan.
 func (w *walker) dir(rel string, st unix.Stat_t) {
 	defer w.wg.Done()
 	w.sem <- struct{}{}
-	subdirs, err := w.scanDir(rel, &st)
+	fd, d, err := w.open(rel, &st)
+	if err != nil {
+		<-w.sem
+		w.fail(err)
+		return
+	}
+	var chunks sync.WaitGroup
+	for lo := scanChunk; lo < len(d.names); lo += scanChunk {
+		chunks.Add(1)
+		go func(lo, hi int) {
+			defer chunks.Done()
+			w.sem <- struct{}{}
+			w.chunk(fd, d, lo, hi)
+			<-w.sem
+		}(lo, min(lo+scanChunk, len(d.names)))
+	}
+	w.chunk(fd, d, 0, min(scanChunk, len(d.names)))
 	<-w.sem
+	chunks.Wait()
+	unix.Close(fd)
+}
+
+// chunk stats names[lo:hi] of one open directory and starts the scans of subdirectories.
+func (w *walker) chunk(fd int, d *dirList, lo, hi int) {
+	if err := w.ctx.Err(); err != nil {
+		w.fail(err)
+		return
+	}
+	changed, subdirs, err := w.statNames(fd, d, lo, hi)
 	if err != nil {
 		w.fail(err)
 		return
+	}
+	if len(changed) > 0 {
+		w.mu.Lock()
+		w.changed = append(w.changed, changed...)
+		w.mu.Unlock()
 	}
 	for _, sd := range subdirs {
 		w.wg.Add(1)
@@ -150,84 +190,88 @@ func (w *walker) fail(err error) {
 	w.mu.Unlock()
 }
 
-// scanDir stats every entry of one directory and returns its subdirectories.
-func (w *walker) scanDir(rel string, st *unix.Stat_t) ([]*scanned, error) {
+// open opens one upper directory and returns it with its name list.
+func (w *walker) open(rel string, st *unix.Stat_t) (int, *dirList, error) {
 	if err := w.ctx.Err(); err != nil {
-		return nil, err
+		return -1, nil, err
 	}
 	fd, err := openBeneath(w.rootfd, rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW)
 	if err != nil {
-		return nil, fmt.Errorf("open upper dir %q: %w", rel, err)
+		return -1, nil, fmt.Errorf("open upper dir %q: %w", rel, err)
 	}
-	defer unix.Close(fd)
-	names, err := w.names(fd, rel, st)
+	d, err := w.names(fd, rel, st)
 	if err != nil {
-		return nil, err
+		unix.Close(fd)
+		return -1, nil, err
 	}
-	var changed, subdirs []*scanned
-	for _, name := range names {
-		c, err := w.statEntry(fd, joinPath(rel, name))
-		if err != nil {
-			return nil, err
-		}
-		if c == nil {
-			continue
-		}
-		if c.entry != nil {
-			changed = append(changed, c)
-		}
-		if c.st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			subdirs = append(subdirs, c)
-		}
-	}
-	w.mu.Lock()
-	w.changed = append(w.changed, changed...)
-	w.mu.Unlock()
-	return subdirs, nil
+	return fd, d, nil
 }
 
-// names returns the directory's names, from the cache when its key is unchanged.
-func (w *walker) names(fd int, rel string, st *unix.Stat_t) ([]string, error) {
+// names returns the directory's list, from the cache when its key is unchanged.
+func (w *walker) names(fd int, rel string, st *unix.Stat_t) (*dirList, error) {
 	key := keyOf(st)
 	if d := w.ix.dirs[rel]; d != nil && d.key == key {
-		return d.names, nil
+		return d, nil
 	}
 	names, err := readDirNames(fd)
 	if err != nil {
 		return nil, fmt.Errorf("read upper dir %q: %w", rel, err)
 	}
+	d := &dirList{key: key, names: names, paths: make([]string, len(names))}
+	for i, n := range names {
+		d.paths[i] = joinPath(rel, n)
+	}
 	w.mu.Lock()
-	w.dirs[rel] = &dirList{key: key, names: names}
+	w.dirs[rel] = d
 	w.mu.Unlock()
-	return names, nil
+	return d, nil
 }
 
-// statEntry stats one path; the result has an entry only if the path is new or changed.
-func (w *walker) statEntry(dirfd int, rel string) (*scanned, error) {
-	_, name := splitPath(rel)
-	c := &scanned{rel: rel}
-	if err := unix.Fstatat(dirfd, name, &c.st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil, nil
+// statNames stats names[lo:hi] of directory fd. It returns the new or changed paths (with
+// entries) and the subdirectories; an unchanged non-directory costs one fstatat and one map
+// lookup, nothing else.
+func (w *walker) statNames(fd int, d *dirList, lo, hi int) (changed, subdirs []*scanned, err error) {
+	var st unix.Stat_t
+	for i := lo; i < hi; i++ {
+		if err := unix.Fstatat(fd, d.names[i], &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return nil, nil, fmt.Errorf("stat upper %q: %w", d.paths[i], err)
 		}
-		return nil, fmt.Errorf("stat upper %q: %w", rel, err)
-	}
-	ie := w.ix.keys[rel]
-	if ie != nil {
-		ie.gen = w.gen
-		if !w.all && ie.key == keyOf(&c.st) {
-			return c, nil
+		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+		ie := w.ix.keys[d.paths[i]]
+		if ie != nil {
+			ie.gen = w.gen
+			if !w.all && ie.key == keyOf(&st) {
+				if isDir {
+					subdirs = append(subdirs, &scanned{rel: d.paths[i], st: st})
+				}
+				continue
+			}
+		}
+		c, err := describeScanned(fd, d.paths[i], &st)
+		if err != nil {
+			return nil, nil, err
+		}
+		changed = append(changed, c)
+		if isDir {
+			subdirs = append(subdirs, c)
 		}
 	}
-	e, err := describe(dirfd, rel, &c.st)
+	return changed, subdirs, nil
+}
+
+// describeScanned records a new or changed upper path.
+func describeScanned(dirfd int, rel string, st *unix.Stat_t) (*scanned, error) {
+	e, err := describe(dirfd, rel, st)
 	if err != nil {
 		return nil, err
 	}
-	if c.st.Nlink > 1 && e.Kind != KindDir {
-		e.Link = linkID(dirfd, rel, &c.st)
+	if st.Nlink > 1 && e.Kind != KindDir {
+		e.Link = linkID(dirfd, rel, st)
 	}
-	c.entry = e
-	return c, nil
+	return &scanned{rel: rel, entry: e, st: *st}, nil
 }
 
 // linkID names the hard-link group of a multiply linked inode: its inode number and birth
