@@ -116,7 +116,7 @@ func (d *daemon) cli(args ...string) string {
 	d.t.Helper()
 	out, errOut, code := d.cliRaw(args...)
 	if code != 0 {
-		d.t.Fatalf("deltabox %s: exit %d\nstderr: %s\nstdout: %s", strings.Join(args, " "), code, errOut, out)
+		d.t.Fatalf("deltabox %s: exit %d\nstderr: %s\nstdout: %s\ndaemon log tail:\n%s", strings.Join(args, " "), code, errOut, out, d.logTail())
 	}
 	return out
 }
@@ -171,4 +171,16 @@ func mustContain(t testing.TB, what, s string, subs ...string) {
 			t.Fatalf("%s does not mention %q:\n%s", what, sub, s)
 		}
 	}
+}
+
+// logTail returns the end of the daemon's log, for failure messages.
+func (d *daemon) logTail() string {
+	if d.logs == nil {
+		return ""
+	}
+	s := d.logs.String()
+	if len(s) > 3000 {
+		s = s[len(s)-3000:]
+	}
+	return s
 }

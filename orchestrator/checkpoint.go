@@ -77,7 +77,7 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 
 // cut runs the frozen window and fills rec; it returns how long the sandbox was frozen.
 func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, error) {
-	if err := s.frz.freeze(ctx); err != nil {
+	if err := s.frz.Freeze(ctx); err != nil {
 		return 0, err
 	}
 	frozenAt := time.Now()
@@ -89,7 +89,7 @@ func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level,
 	}
 	rec.FilesChanged, rec.Bytes = res.FilesChanged, res.BytesCopied
 	rec.StateSeq, rec.EffectsWatermark = s.state.Seq(), o.effects.Watermark(s.id)
-	if rec.Procs, err = s.frz.procs(); err != nil {
+	if rec.Procs, err = s.frz.Procs(); err != nil {
 		_ = s.fs.Delete(context.WithoutCancel(ctx), rec.ID)
 		return 0, err
 	}
@@ -101,7 +101,7 @@ func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level,
 
 // thaw thaws the sandbox with a context that survives the request's cancellation.
 func (o *Orchestrator) thaw(ctx context.Context, s *session) error {
-	err := s.frz.thaw()
+	err := s.frz.Thaw()
 	if err != nil {
 		log.L(ctx).Error("thaw sandbox", "sandbox", s.id, "error", err)
 	}

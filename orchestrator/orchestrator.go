@@ -172,7 +172,7 @@ func (o *Orchestrator) Close(ctx context.Context) error {
 	o.mu.Unlock()
 	for _, s := range sessions {
 		<-s.ready
-		errs = append(errs, s.frz.thaw(), s.close())
+		errs = append(errs, s.frz.Thaw(), s.close())
 	}
 	errs = append(errs, o.client.Close())
 	return errors.Join(errs...)

@@ -13,12 +13,13 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/pool"
 )
 
 // ckptRecord is a checkpoint as stored on disk: the API view plus what rollback needs.
 type ckptRecord struct {
 	api.Checkpoint
-	Procs []proc `json:"procs"` // the sandbox's processes at the cut
+	Procs []pool.Proc `json:"procs"` // the sandbox's processes at the cut
 }
 
 // sessionMeta is the per-sandbox record that outlives individual checkpoints.

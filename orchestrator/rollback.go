@@ -70,7 +70,7 @@ func (s *session) rollbackTarget(req api.RollbackRequest) (int, error) {
 
 // undo runs the frozen part of a rollback and returns how long the sandbox was frozen.
 func (o *Orchestrator) undo(ctx context.Context, s *session, target ckptRecord, res *api.RollbackResult) (time.Duration, error) {
-	if err := s.frz.freeze(ctx); err != nil {
+	if err := s.frz.Freeze(ctx); err != nil {
 		return 0, err
 	}
 	frozenAt := time.Now()
@@ -102,12 +102,12 @@ func (s *session) merged() string { return fmt.Sprintf("/proc/%d/root", s.sb.Ini
 
 // killNewer SIGKILLs the sandbox's processes that did not exist at the checkpoint (by pid and
 // start time). Signals to frozen processes take effect when they are thawed.
-func killNewer(f freezer, keep []proc) (int, error) {
-	now, err := f.procs()
+func killNewer(f pool.Freezer, keep []pool.Proc) (int, error) {
+	now, err := f.Procs()
 	if err != nil {
 		return 0, err
 	}
-	old := make(map[proc]bool, len(keep))
+	old := make(map[pool.Proc]bool, len(keep))
 	for _, p := range keep {
 		old[p] = true
 	}

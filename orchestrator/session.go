@@ -32,7 +32,7 @@ type session struct {
 	rec   records
 	meta  sessionMeta
 	ckpts []ckptRecord // oldest first
-	frz   freezer
+	frz   pool.Freezer
 
 	ready     chan struct{} // closed once open finished
 	openErr   error
@@ -48,7 +48,7 @@ func (o *Orchestrator) sessionDir(id string) string {
 // the sandbox as leased.
 func (o *Orchestrator) startSession(ctx context.Context, sb pool.Sandbox) *session {
 	s := &session{id: sb.ID, sb: sb, dir: o.sessionDir(sb.ID), rec: records{dir: o.sessionDir(sb.ID)},
-		frz: newFreezer(sb.Layout.Cgroup), ready: make(chan struct{})}
+		frz: pool.NewFreezer(sb.Layout.Cgroup), ready: make(chan struct{})}
 	o.mu.Lock()
 	o.sessions[sb.ID] = s
 	o.mu.Unlock()
@@ -63,7 +63,7 @@ func (o *Orchestrator) startSession(ctx context.Context, sb pool.Sandbox) *sessi
 }
 
 func (o *Orchestrator) openSession(ctx context.Context, s *session) error {
-	if err := s.frz.thaw(); err != nil { // a crash may have left it frozen
+	if err := s.frz.Thaw(); err != nil { // a crash may have left it frozen
 		return err
 	}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {

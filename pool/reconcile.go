@@ -88,6 +88,13 @@ func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance,
 		return nil, fmt.Errorf("no task: %w", err)
 	}
 	st, err := task.Status(ctx)
+	if err == nil && st.Status == containerd.Paused {
+		// A daemon that died mid-checkpoint leaves the sandbox frozen: thaw it.
+		log.L(ctx).Warn("resuming a sandbox left frozen", "container", c.ID())
+		if err = task.Resume(ctx); err == nil {
+			st, err = task.Status(ctx)
+		}
+	}
 	if err != nil || st.Status != containerd.Running {
 		return nil, fmt.Errorf("task not running (%s, %v): %w", st.Status, err, errdefs.ErrFailedPrecondition)
 	}
@@ -95,10 +102,19 @@ func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance,
 	if inst.layout, err = m.rt.layoutOf(ctx, c); err != nil {
 		return nil, err
 	}
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if _, err := inst.init.Ping(pctx); err != nil {
+	// A daemon that died mid-checkpoint leaves the cgroup frozen behind containerd's back.
+	if err := NewFreezer(inst.layout.Cgroup).Thaw(); err != nil {
+		return nil, err
+	}
+	if err := ping(ctx, inst); err != nil {
 		return nil, fmt.Errorf("init does not answer: %w", err)
 	}
 	return inst, nil
+}
+
+func ping(ctx context.Context, inst *instance) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := inst.init.Ping(ctx)
+	return err
 }

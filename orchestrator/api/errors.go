@@ -58,18 +58,22 @@ func FromError(err error) (code string, status int) {
 // ToError turns an API error back into an error of the matching errdefs class, so clients
 // can use errdefs.IsNotFound and friends. Its text is the daemon's message, unchanged.
 func ToError(e Error) error {
+	re := &remoteError{msg: e.Message}
 	for _, c := range classes {
 		if c.code == e.Code {
-			return &remoteError{msg: e.Message, class: c.class}
+			re.classes = append(re.classes, c.class) // "conflict" is both AlreadyExists and Conflict
 		}
 	}
-	return &remoteError{msg: e.Message, class: errdefs.ErrInternal}
+	if len(re.classes) == 0 {
+		re.classes = []error{errdefs.ErrInternal}
+	}
+	return re
 }
 
 type remoteError struct {
-	msg   string
-	class error
+	msg     string
+	classes []error
 }
 
-func (e *remoteError) Error() string { return e.msg }
-func (e *remoteError) Unwrap() error { return e.class }
+func (e *remoteError) Error() string   { return e.msg }
+func (e *remoteError) Unwrap() []error { return e.classes }

@@ -44,3 +44,14 @@ func reportPercentiles(b *testing.B, name string, ds []time.Duration) {
 	b.ReportMetric(at(0.50), name+"-p50-ms")
 	b.ReportMetric(at(0.99), name+"-p99-ms")
 }
+
+// BenchmarkEnsure measures a steady-state Ensure (nothing to repair), the cost of calling it
+// periodically.
+func BenchmarkEnsure(b *testing.B) {
+	m := newRootManager(b, testSubnet)
+	for b.Loop() {
+		if err := m.Ensure(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -42,6 +42,9 @@ type jump struct {
 
 func (j jump) rule() []string { return append(slices.Clone(j.match), "-j", j.to.name) }
 
+// spec is the jump as `iptables -S` prints it.
+func (j jump) spec() string { return "-A " + j.hook + " " + strings.Join(j.rule(), " ") }
+
 func (f *firewall) chain(hook string) string { return f.prefix + "-" + hook }
 
 // rules4 returns the iptables-restore input for IPv4.
@@ -108,8 +111,8 @@ func (f *firewall) jumps() []jump {
 	return js
 }
 
-// ensure writes our chains and inserts any missing jump first in its built-in chain. It is
-// idempotent and never changes a built-in chain's policy or other rules.
+// ensure writes our chains and makes our jumps the first rules of their built-in chains. It
+// is idempotent and never changes a built-in chain's policy or anyone else's rules.
 func (f *firewall) ensure(ctx context.Context) error {
 	if err := f.restore(ctx, "iptables-restore", f.rules4()); err != nil {
 		return err
@@ -119,8 +122,8 @@ func (f *firewall) ensure(ctx context.Context) error {
 			return err
 		}
 	}
-	for _, j := range f.jumps() {
-		if err := f.ensureJump(ctx, j); err != nil {
+	for _, js := range f.jumpsByHook() {
+		if err := f.ensureFirst(ctx, js); err != nil {
 			return err
 		}
 	}
@@ -135,19 +138,63 @@ func (f *firewall) restore(ctx context.Context, tool, rules string) error {
 	return nil
 }
 
-func (f *firewall) ensureJump(ctx context.Context, j jump) error {
-	_, err := f.run.Run(ctx, nil, j.to.tool, append([]string{"-w", "-t", j.to.table, "-C", j.hook}, j.rule()...)...)
-	if err == nil {
+// jumpsByHook groups the jumps by the built-in chain they live in, in insertion order.
+func (f *firewall) jumpsByHook() [][]jump {
+	var groups [][]jump
+	for _, j := range f.jumps() {
+		if n := len(groups); n > 0 && groups[n-1][0].to.tool == j.to.tool && groups[n-1][0].to.table == j.to.table && groups[n-1][0].hook == j.hook {
+			groups[n-1] = append(groups[n-1], j)
+			continue
+		}
+		groups = append(groups, []jump{j})
+	}
+	return groups
+}
+
+// ensureFirst makes js (jumps into one built-in chain) that chain's first rules, so an ACCEPT
+// someone inserts later at the top cannot bypass them. Jumps already first are left alone.
+func (f *firewall) ensureFirst(ctx context.Context, js []jump) error {
+	j0 := js[0]
+	out, err := f.run.Run(ctx, nil, j0.to.tool, "-w", "-t", j0.to.table, "-S", j0.hook)
+	if err != nil {
+		return fmt.Errorf("list %s %s/%s: %w", j0.to.tool, j0.to.table, j0.hook, err)
+	}
+	if jumpsFirst(string(out), js) {
 		return nil
 	}
-	if exitCode(err) != 1 {
-		return fmt.Errorf("check jump %s -> %s: %w", j.hook, j.to.name, err)
+	for _, j := range js {
+		if err := f.removeJump(ctx, j); err != nil {
+			return fmt.Errorf("move jump %s -> %s: %w", j.hook, j.to.name, err)
+		}
 	}
-	_, err = f.run.Run(ctx, nil, j.to.tool, append([]string{"-w", "-t", j.to.table, "-I", j.hook, "1"}, j.rule()...)...)
-	if err != nil {
-		return fmt.Errorf("insert jump %s -> %s: %w", j.hook, j.to.name, err)
+	for i := len(js) - 1; i >= 0; i-- {
+		j := js[i]
+		args := append([]string{"-w", "-t", j.to.table, "-I", j.hook, "1"}, j.rule()...)
+		if _, err := f.run.Run(ctx, nil, j.to.tool, args...); err != nil {
+			return fmt.Errorf("insert jump %s -> %s: %w", j.hook, j.to.name, err)
+		}
 	}
+	log.L(ctx).Info("network firewall jumps (re)inserted first", "tool", j0.to.tool, "table", j0.to.table, "chain", j0.hook)
 	return nil
+}
+
+// jumpsFirst reports whether an `iptables -S CHAIN` listing starts with exactly js.
+func jumpsFirst(listing string, js []jump) bool {
+	var rules []string
+	for _, line := range strings.Split(listing, "\n") {
+		if strings.HasPrefix(line, "-A ") {
+			rules = append(rules, strings.TrimSpace(line))
+		}
+	}
+	if len(rules) < len(js) {
+		return false
+	}
+	for i, j := range js {
+		if rules[i] != j.spec() {
+			return false
+		}
+	}
+	return true
 }
 
 // remove deletes our jumps and chains; pieces already gone are fine.

@@ -45,10 +45,7 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 		return nil, fmt.Errorf("create network state dir: %w", err)
 	}
 	m := newManager(o, c)
-	if err := m.fw.ensure(ctx); err != nil {
-		return nil, err
-	}
-	if err := m.br.ensure(ctx); err != nil {
+	if err := m.Ensure(ctx); err != nil {
 		return nil, err
 	}
 	log.L(ctx).Info("sandbox network ready", "bridge", o.Bridge, "gateway", m.gateway, "subnet", o.Subnet, "proxy_port", o.ProxyPort)
@@ -70,6 +67,17 @@ func newManager(o Options, c gocni.CNI) *Manager {
 		},
 		br: &bridge{run: o.Runner, name: o.Bridge, gateway: netip.PrefixFrom(gw, o.Subnet.Bits())},
 	}
+}
+
+// Ensure re-applies the firewall, then the bridge: it rewrites DeltaBox's chains, moves its
+// jumps back to the top of the host's chains if anything was inserted above them, and restores
+// the bridge's address. Idempotent and cheap (a few ms); the daemon may call it periodically so
+// that a host firewall reload cannot leave sandboxes unfiltered for long.
+func (m *Manager) Ensure(ctx context.Context) error {
+	if err := m.fw.ensure(ctx); err != nil {
+		return err
+	}
+	return m.br.ensure(ctx)
 }
 
 // Gateway returns the bridge's address: the egress proxy must listen there.

@@ -368,3 +368,27 @@ func TestConcurrentSetupTeardown(t *testing.T) {
 		t.Fatalf("left %v, %v", ids, err)
 	}
 }
+
+// TestEnsureRepairs: a rule someone inserts above DeltaBox's jumps (or a flush) opens the host
+// to sandboxes until Ensure puts the firewall back.
+func TestEnsureRepairs(t *testing.T) {
+	m := newRootManager(t, testSubnet)
+	a := setup(t, m, "repair-1")
+	serve(t, netip.AddrPortFrom(m.Gateway(), testOtherPort).String())
+	other := netip.AddrPortFrom(m.Gateway(), testOtherPort)
+	run := func(args ...string) {
+		if _, err := (execRunner{}).Run(context.Background(), nil, "iptables", args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	foreign := []string{"INPUT", "-i", testBridge, "-p", "tcp", "-j", "ACCEPT"}
+	run(append([]string{"-w", "-I"}, foreign...)...)
+	defer run(append([]string{"-w", "-D"}, foreign...)...)
+	mustConnect(t, a, other) // bypassed
+	start := time.Now()
+	if err := m.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Ensure took %s", time.Since(start))
+	mustNotConnect(t, a, other)
+}

@@ -14,9 +14,10 @@ import (
 
 // fakeRunner records calls and answers from a script keyed by the command line prefix.
 type fakeRunner struct {
-	calls  []string
-	stdin  []string
-	answer func(line string) error
+	calls     []string
+	stdin     []string
+	answer    func(line string) error
+	answerOut func(line string) ([]byte, error)
 }
 
 func (f *fakeRunner) Run(_ context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
@@ -24,6 +25,9 @@ func (f *fakeRunner) Run(_ context.Context, stdin []byte, name string, args ...s
 	f.calls = append(f.calls, line)
 	if stdin != nil {
 		f.stdin = append(f.stdin, string(stdin))
+	}
+	if f.answerOut != nil {
+		return f.answerOut(line)
 	}
 	if f.answer != nil {
 		return nil, f.answer(line)
@@ -133,38 +137,65 @@ func TestFirewallRules(t *testing.T) {
 	}
 }
 
-// TestFirewallEnsureIdempotent: jumps are inserted only when -C says they are missing.
-func TestFirewallEnsureIdempotent(t *testing.T) {
-	present := map[string]bool{}
-	run := &fakeRunner{answer: func(line string) error {
-		key := strings.Replace(strings.Replace(line, " -C ", " ", 1), " -I ", " ", 1)
-		key = strings.Replace(key, " 1 -i", " -i", 1)
-		key = strings.Replace(key, " 1 -o", " -o", 1)
-		switch {
-		case strings.Contains(line, " -C "):
-			if !present[key] {
-				return &ExitError{Cmd: line, Code: 1}
-			}
-		case strings.Contains(line, " -I "):
-			present[key] = true
+// fakeTables models the built-in chains' rule lists for -S, -I CHAIN 1, -D and -C.
+type fakeTables map[string][]string // "tool table chain" -> rules as -S prints them
+
+func (ft fakeTables) answer(line string) ([]byte, error) {
+	f := strings.Fields(line)
+	if len(f) < 6 || f[1] != "-w" || f[2] != "-t" {
+		return nil, nil // restores
+	}
+	key, op, chain := f[0]+" "+f[3]+" "+f[5], f[4], f[5]
+	rest := f[6:]
+	if op == "-I" {
+		rest = rest[1:]
+	}
+	rule := strings.Join(append([]string{"-A", chain}, rest...), " ")
+	switch op {
+	case "-S":
+		return []byte("-P " + chain + " ACCEPT\n" + strings.Join(ft[key], "\n") + "\n"), nil
+	case "-I":
+		ft[key] = append([]string{rule}, ft[key]...)
+	case "-D", "-C":
+		i := slices.Index(ft[key], rule)
+		if i < 0 {
+			return nil, &ExitError{Cmd: line, Code: 1}
 		}
-		return nil
-	}}
+		if op == "-D" {
+			ft[key] = slices.Delete(ft[key], i, i+1)
+		}
+	}
+	return nil, nil
+}
+
+// TestFirewallEnsureIdempotent: jumps go first once, a second ensure changes nothing, and a
+// foreign rule inserted above them later is put back below them.
+func TestFirewallEnsureIdempotent(t *testing.T) {
+	tables := fakeTables{}
+	run := &fakeRunner{answerOut: tables.answer}
 	fw := testFirewall(run)
 	for i := range 2 {
 		run.calls = nil
 		if err := fw.ensure(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		inserts := countPrefix(run.calls, " -I ")
-		if want := []int{7, 0}[i]; inserts != want {
-			t.Fatalf("ensure #%d inserted %d jumps, want %d: %v", i+1, inserts, want, run.calls)
+		if got, want := countPrefix(run.calls, " -I "), []int{7, 0}[i]; got != want {
+			t.Fatalf("ensure #%d inserted %d jumps, want %d: %v", i+1, got, want, run.calls)
 		}
 	}
-	if !slices.Contains(run.calls, "iptables -w -t filter -C INPUT -i deltabox0 -j DELTABOX-INPUT") {
-		t.Fatalf("calls %v", run.calls)
+	if got := tables["iptables filter FORWARD"]; !slices.Equal(got, []string{
+		"-A FORWARD -i deltabox0 -j DELTABOX-FORWARD", "-A FORWARD -o deltabox0 -j DELTABOX-FORWARD",
+	}) {
+		t.Fatalf("FORWARD = %q", got)
 	}
-	if len(run.stdin) != 4 || !strings.Contains(run.stdin[1], "-A DELTABOX-INPUT -j DROP") {
+	tables["iptables filter INPUT"] = append([]string{"-A INPUT -j ACCEPT"}, tables["iptables filter INPUT"]...)
+	if err := fw.ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := tables["iptables filter INPUT"]; !slices.Equal(got, []string{"-A INPUT -i deltabox0 -j DELTABOX-INPUT", "-A INPUT -j ACCEPT"}) {
+		t.Fatalf("INPUT after a foreign insert = %q", got)
+	}
+	if len(run.stdin) != 6 || !strings.Contains(run.stdin[0], "-A DELTABOX-INPUT -j DROP") {
 		t.Fatalf("restore inputs %q", run.stdin)
 	}
 }

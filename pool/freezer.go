@@ -1,4 +1,4 @@
-package orchestrator
+package pool
 
 import (
 	"bytes"
@@ -17,22 +17,23 @@ import (
 // freezeTimeout bounds how long a freeze may take before it is undone and reported.
 const freezeTimeout = 5 * time.Second
 
-// freezer freezes and thaws one sandbox's cgroup by writing the cgroup files directly
+// Freezer freezes and thaws one sandbox's cgroup by writing the cgroup files directly
 // (≈0.2 ms here, against ~ms for a containerd task pause round trip).
-type freezer struct {
+type Freezer struct {
 	dir string // cgroup directory holding the freezer files and cgroup.procs
 	v2  bool
 }
 
-func newFreezer(cgroupsPath string) freezer {
+// NewFreezer returns the freezer of the cgroup at cgroupsPath (a container's Layout.Cgroup).
+func NewFreezer(cgroupsPath string) Freezer {
 	if cgroups.Mode() == cgroups.Unified {
-		return freezer{dir: filepath.Join("/sys/fs/cgroup", cgroupsPath), v2: true}
+		return Freezer{dir: filepath.Join("/sys/fs/cgroup", cgroupsPath), v2: true}
 	}
-	return freezer{dir: filepath.Join("/sys/fs/cgroup/freezer", cgroupsPath)}
+	return Freezer{dir: filepath.Join("/sys/fs/cgroup/freezer", cgroupsPath)}
 }
 
-// freeze stops every process of the sandbox and waits until the kernel says it is frozen.
-func (f freezer) freeze(ctx context.Context) error {
+// Freeze stops every process of the sandbox and waits until the kernel says it is frozen.
+func (f Freezer) Freeze(ctx context.Context) error {
 	file, want := "freezer.state", "FROZEN"
 	if f.v2 {
 		file, want = "cgroup.freeze", "1"
@@ -47,14 +48,14 @@ func (f freezer) freeze(ctx context.Context) error {
 			return err
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			_ = f.thaw()
+			_ = f.Thaw()
 			return fmt.Errorf("sandbox cgroup %s did not freeze within %s: %w", f.dir, freezeTimeout, errdefs.ErrUnavailable)
 		}
 		time.Sleep(sleep)
 	}
 }
 
-func (f freezer) frozen() (bool, error) {
+func (f Freezer) frozen() (bool, error) {
 	if f.v2 {
 		data, err := os.ReadFile(filepath.Join(f.dir, "cgroup.events"))
 		return bytes.Contains(data, []byte("frozen 1")), err
@@ -63,8 +64,8 @@ func (f freezer) frozen() (bool, error) {
 	return strings.TrimSpace(string(data)) == "FROZEN", err
 }
 
-// thaw lets the sandbox run again. It is safe to call on a thawed sandbox.
-func (f freezer) thaw() error {
+// Thaw lets the sandbox run again. It is safe to call on a thawed sandbox.
+func (f Freezer) Thaw() error {
 	file, val := "freezer.state", "THAWED"
 	if f.v2 {
 		file, val = "cgroup.freeze", "0"
@@ -75,26 +76,26 @@ func (f freezer) thaw() error {
 	return nil
 }
 
-// proc identifies a process across pid reuse: host pid plus start time (clock ticks).
-type proc struct {
+// Proc identifies a process across pid reuse: host pid plus start time (clock ticks).
+type Proc struct {
 	Pid   int    `json:"pid"`
 	Start uint64 `json:"start"`
 }
 
-// procs lists the sandbox's processes.
-func (f freezer) procs() ([]proc, error) {
+// Procs lists the sandbox's processes.
+func (f Freezer) Procs() ([]Proc, error) {
 	data, err := os.ReadFile(filepath.Join(f.dir, "cgroup.procs"))
 	if err != nil {
 		return nil, fmt.Errorf("list sandbox processes: %w", err)
 	}
-	var out []proc
+	var out []Proc
 	for _, field := range strings.Fields(string(data)) {
 		pid, err := strconv.Atoi(field)
 		if err != nil {
 			continue
 		}
 		if start, err := procStart(pid); err == nil {
-			out = append(out, proc{Pid: pid, Start: start})
+			out = append(out, Proc{Pid: pid, Start: start})
 		}
 	}
 	return out, nil

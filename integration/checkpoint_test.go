@@ -1,0 +1,334 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+// treeScript prints one line per path of the sandbox's tree (type, mode, owner, size, link
+// target) and a checksum of every regular file: a full walk to compare states with.
+const treeScript = `cd / && find . -xdev \( -path ./proc -o -path ./sys -o -path ./dev -o -path ./.deltabox \) -prune -o -print | sort | while read -r p; do
+  if [ -L "$p" ]; then echo "$p L $(stat -c '%u:%g' "$p") -> $(readlink "$p")";
+  elif [ -f "$p" ]; then echo "$p F $(stat -c '%a %u:%g %s %h' "$p") $(md5sum < "$p" | cut -c1-32)";
+  else echo "$p $(stat -c '%F %a %u:%g' "$p")"; fi
+done`
+
+func (d *daemon) tree(id string) string {
+	d.t.Helper()
+	return d.cli("exec", id, "--", "sh", "-c", treeScript)
+}
+
+func (d *daemon) stateDoc(id string) string {
+	d.t.Helper()
+	var v any
+	d.cliJSON(&v, "state", "get", id)
+	data, _ := json.Marshal(v)
+	return string(data)
+}
+
+func TestStepCheckpointRollback(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("py", pythonImage, 1)
+	id := d.lease("py").ID
+	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /work && echo draft > /work/notes.txt && echo keep > /work/keep.txt")
+	d.cli("state", "patch", id, `[{"op":"add","path":"/conversation","value":[]},{"op":"append","path":"/conversation","value":{"role":"user","text":"hi"}}]`)
+	var ck api.Checkpoint
+	d.cliJSON(&ck, "checkpoint", "create", id, "-m", "step 1")
+	if ck.ID == "" || ck.Level != "l1" || ck.Parent == "" || ck.FilesChanged == 0 {
+		t.Fatalf("unexpected checkpoint: %+v", ck)
+	}
+	before, beforeState := d.tree(id), d.stateDoc(id)
+
+	// A failing step: files written, deleted and changed (also image files), state appended,
+	// a background process started.
+	d.cli("exec", id, "--", "sh", "-c", `echo broken > /work/notes.txt; rm /work/keep.txt; echo new > /work/new.txt;
+		rm /etc/os-release; chmod 600 /etc/passwd; ln -s /etc/shadow /work/link; mkdir -p /tmp/x/y; nohup sleep 1000 >/dev/null 2>&1 &`)
+	d.cli("state", "patch", id, `[{"op":"append","path":"/conversation","value":{"role":"tool","text":"error"}},{"op":"add","path":"/plan","value":"retry"}]`)
+	var diff api.Diff
+	d.cliJSON(&diff, "diff", id)
+	if len(diff.Files) < 5 || len(diff.State) != 2 {
+		t.Errorf("diff should list the step's files and 2 state ops: %+v", diff)
+	}
+	var rb api.RollbackResult
+	d.cliJSON(&rb, "rollback", id)
+	if rb.To != ck.ID || rb.FilesRestored == 0 || rb.OpsUndone != 2 || rb.ProcessesStopped < 1 {
+		t.Errorf("unexpected rollback result: %+v", rb)
+	}
+	if after := d.tree(id); after != before {
+		t.Errorf("tree after rollback differs:\n%s", lineDiff(before, after))
+	}
+	if got := d.stateDoc(id); got != beforeState {
+		t.Errorf("state after rollback: %s, want %s", got, beforeState)
+	}
+	if out := d.cli("exec", id, "--", "sh", "-c", "ps -eo args | grep 'sleep 1000' | grep -v grep || true"); strings.Contains(out, "sleep") {
+		t.Errorf("process started after the checkpoint survived the rollback: %s", out)
+	}
+	var cks []api.Checkpoint
+	d.cliJSON(&cks, "checkpoint", "ls", id)
+	if len(cks) != 2 || cks[1].ID != ck.ID {
+		t.Errorf("checkpoints after rollback: %+v", cks)
+	}
+}
+
+func TestCheckpointBadInput(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1)
+	id := d.lease("bb").ID
+	c, ctx := d.client(), context.Background()
+	d.cli("state", "patch", id, `[{"op":"add","path":"/a","value":1}]`)
+	for _, bad := range []string{`[{"op":"add","path":"nope","value":1}]`, `[{"op":"frobnicate","path":"/a"}]`,
+		`[{"op":"replace","path":"/a","value":2},{"op":"remove","path":"/missing"}]`, `not json`} {
+		if _, err := c.StatePatch(ctx, id, []byte(bad), -1); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("patch %s: want invalid_argument, got %v", bad, err)
+		}
+	}
+	if doc := d.stateDoc(id); doc != `{"a":1}` {
+		t.Errorf("document changed by failed patches: %s", doc)
+	}
+	if _, err := c.StatePatch(ctx, id, []byte(`[{"op":"replace","path":"/a","value":3}]`), 0); !errdefs.IsConflict(err) {
+		t.Errorf("stale --if-seq: want conflict, got %v", err)
+	}
+	if _, err := c.Rollback(ctx, id, api.RollbackRequest{To: "999"}); !errdefs.IsNotFound(err) {
+		t.Errorf("rollback to unknown checkpoint: want not_found, got %v", err)
+	}
+	if _, err := c.Checkpoint(ctx, id, api.CheckpointRequest{Level: "l9"}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("level l9: want invalid_argument, got %v", err)
+	}
+	if _, err := c.Checkpoint(ctx, "sb-nope", api.CheckpointRequest{}); !errdefs.IsNotFound(err) {
+		t.Errorf("unknown sandbox: want not_found, got %v", err)
+	}
+}
+
+func TestCommitPointBlocksRollback(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1)
+	id := d.lease("bb").ID
+	var first api.Checkpoint
+	d.cliJSON(&first, "checkpoint", "create", id)
+	d.cli("exec", id, "--", "sh", "-c", "echo done > /root/step")
+	d.cli("commit", id)
+	_, errOut, code := d.cliRaw("rollback", id, "--to", first.ID)
+	if code != 1 || !strings.Contains(errOut, "commit") {
+		t.Fatalf("rollback behind a commit: exit %d, %q", code, errOut)
+	}
+	d.cli("checkpoint", "create", id)
+	d.cli("exec", id, "--", "sh", "-c", "echo more > /root/step2")
+	d.cli("rollback", id) // to the checkpoint after the commit: allowed
+	d.cli("rollback", id, "--to", first.ID, "--force")
+	if out, _, code := d.cliRaw("exec", id, "--", "cat", "/root/step"); code == 0 {
+		t.Errorf("forced rollback kept /root/step: %q", out)
+	}
+}
+
+func TestRollbackNeverLeavesTheSandboxRoot(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1)
+	id := d.lease("bb").ID
+	hostDir := shortTempDir(t)
+	canary := filepath.Join(hostDir, "canary")
+	os.WriteFile(canary, []byte("host secret"), 0o644)
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(canary, old, old)
+	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /data && echo mine > /data/canary && echo a > /data/file")
+	d.cli("checkpoint", "create", id)
+	// The sandbox swaps its directory for a symlink to the host directory.
+	d.cli("exec", id, "--", "sh", "-c", fmt.Sprintf("rm -rf /data && ln -s %s /data", hostDir))
+	d.cli("checkpoint", "create", id)
+	d.cli("exec", id, "--", "sh", "-c", "echo changed > /data/canary 2>/dev/null; true")
+	d.cli("rollback", id, "--to", "2")
+	if out := d.cli("exec", id, "--", "cat", "/data/canary", "/data/file"); out != "mine\na\n" {
+		t.Errorf("directory not restored: %q", out)
+	}
+	data, _ := os.ReadFile(canary)
+	st, _ := os.Stat(canary)
+	if string(data) != "host secret" || !st.ModTime().Equal(old) {
+		t.Fatalf("host canary touched: %q %v", data, st.ModTime())
+	}
+}
+
+func TestCrashDuringCheckpoint(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1)
+	id := d.lease("bb").ID
+	d.cli("exec", id, "--", "sh", "-c", "echo v1 > /root/v")
+	var good api.Checkpoint
+	d.cliJSON(&good, "checkpoint", "create", id)
+	// Make the next checkpoint slow (many new files), start it and kill the daemon mid-way.
+	d.cli("exec", id, "--timeout", "60s", "--", "sh", "-c", "mkdir /bulk && cd /bulk && for i in $(seq 1 3000); do echo $i > f$i; done; echo v2 > /root/v")
+	go d.cliRaw("checkpoint", "create", id)
+	time.Sleep(30 * time.Millisecond)
+	d.kill()
+	d.start()
+	out := d.cli("exec", id, "--", "cat", "/root/v") // would hang if the sandbox stayed frozen
+	if out != "v2\n" {
+		t.Fatalf("sandbox content after crash: %q", out)
+	}
+	var cks []api.Checkpoint
+	d.cliJSON(&cks, "checkpoint", "ls", id)
+	if cks[len(cks)-1].ID != good.ID && len(cks) != 3 {
+		t.Fatalf("checkpoints after crash: %+v", cks)
+	}
+	d.cli("rollback", id, "--to", good.ID)
+	if out := d.cli("exec", id, "--", "sh", "-c", "cat /root/v; ls /bulk 2>/dev/null | wc -l"); out != "v1\n0\n" {
+		t.Fatalf("after rollback to the pre-crash checkpoint: %q", out)
+	}
+}
+
+func TestSandboxUsesItsOwnSocket(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("py", pythonImage, 1)
+	id := d.lease("py").ID
+	script := `
+import http.client, json, socket
+class C(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect("/.deltabox/run/api.sock")
+def call(method, path, body=None):
+    c = C("localhost")
+    c.request(method, path, body=json.dumps(body) if body is not None else None)
+    r = c.getresponse()
+    return r.status, json.loads(r.read())
+print(call("POST", "/v1/self/state", [{"op": "add", "path": "/memo", "value": "saved from inside"}])[0])
+print(call("POST", "/v1/self/checkpoints", {"message": "inside"})[1]["message"])
+print(call("GET", "/v1/self/state")[1]["memo"])
+print(call("POST", "/v1/self/commit")[0])
+print(call("POST", "/v1/self/rollback", {"to": "1", "force": True})[0])
+`
+	out := d.cli("exec", id, "--", "python3", "-c", script)
+	if out != "200\ninside\nsaved from inside\n404\n412\n" {
+		t.Fatalf("in-sandbox API: %q", out)
+	}
+	var cks []api.Checkpoint
+	d.cliJSON(&cks, "checkpoint", "ls", id)
+	if cks[len(cks)-1].Message != "inside" {
+		t.Errorf("checkpoint from inside not listed: %+v", cks)
+	}
+}
+
+// TestRandomizedRollback drives random file operations and state patches through the CLI,
+// checkpoints at random points and rolls back to random earlier ones; every time the full tree
+// and the state document must equal what they were at that checkpoint.
+func TestRandomizedRollback(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1)
+	id := d.lease("bb").ID
+	rng := rand.New(rand.NewPCG(42, uint64(len(id))))
+	ops := 200
+	if testing.Short() {
+		ops = 60
+	}
+	type snap struct{ id, tree, state string }
+	var snaps []snap
+	take := func() {
+		var ck api.Checkpoint
+		d.cliJSON(&ck, "checkpoint", "create", id)
+		snaps = append(snaps, snap{ck.ID, d.tree(id), d.stateDoc(id)})
+	}
+	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /w/a /w/b && echo seed > /w/a/f0")
+	take()
+	for i := 0; i < ops; i += 5 {
+		script := ""
+		for j := 0; j < 5; j++ {
+			script += randomFileOp(rng, i+j) + "\n"
+		}
+		d.cli("exec", id, "--", "sh", "-c", script+"true")
+		d.cli("state", "patch", id, randomPatch(rng, i))
+		switch r := rng.IntN(10); {
+		case r < 4:
+			take()
+		case r < 6 && len(snaps) > 1:
+			k := rng.IntN(len(snaps))
+			d.cli("rollback", id, "--to", snaps[k].id)
+			if got := d.tree(id); got != snaps[k].tree {
+				t.Fatalf("op %d: tree after rollback to %s differs:\n%s", i, snaps[k].id, lineDiff(snaps[k].tree, got))
+			}
+			if got := d.stateDoc(id); got != snaps[k].state {
+				t.Fatalf("op %d: state after rollback to %s: %s, want %s", i, snaps[k].id, got, snaps[k].state)
+			}
+			snaps = snaps[:k+1]
+		}
+	}
+}
+
+func randomFileOp(rng *rand.Rand, i int) string {
+	dirs := []string{"/w/a", "/w/b", "/w/a/sub", "/etc", "/root"}
+	dir := dirs[rng.IntN(len(dirs))]
+	f := fmt.Sprintf("%s/f%d", dir, rng.IntN(6))
+	g := fmt.Sprintf("%s/f%d", dirs[rng.IntN(3)], rng.IntN(6))
+	switch rng.IntN(12) {
+	case 0:
+		return fmt.Sprintf("mkdir -p %s && echo %d > %s", dir, i, f)
+	case 1:
+		return fmt.Sprintf("[ -d %s ] && echo more%d >> %s", dir, i, f)
+	case 2:
+		return fmt.Sprintf("[ -f %s ] && truncate -s %d %s", f, rng.IntN(100), f)
+	case 3:
+		return fmt.Sprintf("[ -e %s ] && chmod %o %s", f, []int{0o600, 0o644, 0o755}[rng.IntN(3)], f)
+	case 4:
+		return fmt.Sprintf("[ -e %s ] && chown %d:%d %s", f, rng.IntN(3)*1000, rng.IntN(3)*1000, f)
+	case 5:
+		return fmt.Sprintf("[ -e %s ] && mkdir -p $(dirname %s) && mv %s %s", f, g, f, g)
+	case 6:
+		return fmt.Sprintf("[ -f %s ] && [ ! -e %s ] && mkdir -p $(dirname %s) && ln %s %s", f, g, g, f, g)
+	case 7:
+		return fmt.Sprintf("[ ! -e %s ] && mkdir -p %s && ln -s %s %s", g, dir, []string{"/etc/passwd", "../x", "/"}[rng.IntN(3)], g)
+	case 8:
+		return fmt.Sprintf("mkdir -p %s/d%d", dir, rng.IntN(3))
+	case 9:
+		return fmt.Sprintf("rmdir %s/d%d 2>/dev/null", dir, rng.IntN(3))
+	case 10:
+		return fmt.Sprintf("rm -f %s %s", f, []string{"/etc/group", "/etc/hostname", "/bin/true"}[rng.IntN(3)])
+	default:
+		return fmt.Sprintf("rm -rf %s/d%d", dir, rng.IntN(3))
+	}
+}
+
+func randomPatch(rng *rand.Rand, i int) string {
+	switch rng.IntN(4) {
+	case 0:
+		return fmt.Sprintf(`[{"op":"add","path":"/k%d","value":{"i":%d}}]`, rng.IntN(5), i)
+	case 1:
+		return fmt.Sprintf(`[{"op":"append","path":"/log","value":"step %d"}]`, i)
+	case 2:
+		return fmt.Sprintf(`[{"op":"add","path":"/n","value":%d},{"op":"copy","from":"/n","path":"/m"}]`, i)
+	default:
+		return `[{"op":"add","path":"/tmp","value":[1,2,3]},{"op":"remove","path":"/tmp/1"}]`
+	}
+}
+
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	in := func(xs []string) map[string]bool {
+		m := map[string]bool{}
+		for _, x := range xs {
+			m[x] = true
+		}
+		return m
+	}
+	wm, gm := in(w), in(g)
+	var b strings.Builder
+	for _, x := range w {
+		if !gm[x] {
+			b.WriteString("- " + x + "\n")
+		}
+	}
+	for _, x := range g {
+		if !wm[x] {
+			b.WriteString("+ " + x + "\n")
+		}
+	}
+	return b.String()
+}
+
