@@ -50,6 +50,18 @@ show exec "${ID}" -- python3 /tmp/script.py
 show exec "${ID}" -- sh -c 'echo failing step >&2; exit 3' || echo "(exit code $?: exec exits with the command's code)"
 show -o json inspect "${ID}"
 
+step checkpoint "an agent step that succeeds, then one that fails and is rolled back"
+show state patch "${ID}" '[{"op":"add","path":"/conversation","value":[]},{"op":"append","path":"/conversation","value":{"role":"user","text":"summarise the data"}}]'
+show exec "${ID}" -- sh -c 'mkdir -p /work && echo "draft 1" > /work/summary.txt'
+show checkpoint create "${ID}" -m "step 1 done"
+show exec "${ID}" -- sh -c 'echo "garbage" > /work/summary.txt; rm /etc/os-release; echo scratch > /work/tmp.bin'
+show state patch "${ID}" '[{"op":"append","path":"/conversation","value":{"role":"tool","text":"error: step 2 failed"}}]'
+show diff "${ID}"
+show rollback "${ID}"
+show exec "${ID}" -- sh -c 'cat /work/summary.txt; ls /work; test -e /etc/os-release && echo "/etc/os-release is back"'
+show state get "${ID}"
+show checkpoint ls "${ID}"
+
 step release "release: the next lease starts clean"
 show release "${ID}"
 show pool ls

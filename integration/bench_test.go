@@ -169,3 +169,80 @@ func memAvailable(b *testing.B) int64 {
 	b.Fatal("no MemAvailable in /proc/meminfo")
 	return 0
 }
+
+// BenchmarkCheckpointRollback measures an L1 checkpoint of 10 changed 4 KiB files in an upper
+// dir of 5,000 files and the rollback of that step, through the API, against
+// `ctr c checkpoint --rw --task` + `ctr c restore --rw --live` of a container of the same image
+// with the same 5,000-file upper dir, in the same run.
+func BenchmarkCheckpointRollback(b *testing.B) {
+	d := startDaemon(b)
+	d.createPool("bench", busyboxImage, 1)
+	l := d.lease("bench")
+	c, ctx := d.client(), context.Background()
+	const tree = `mkdir -p /t && cd /t && for d in $(seq 1 50); do mkdir $d; for f in $(seq 1 100); do echo $d$f > $d/$f; done; done`
+	d.cli("exec", l.ID, "--timeout", "5m", "--", "sh", "-c", tree)
+	step := `for i in $(seq 1 10); do head -c 4096 /dev/urandom > /t/$i/step; done`
+	var ckpt, frozen, rb, rbFrozen samples
+	d.cli("checkpoint", "create", l.ID)
+	for i := 0; i < b.N; i++ {
+		d.cli("exec", l.ID, "--", "sh", "-c", step)
+		start := time.Now()
+		ck, err := c.Checkpoint(ctx, l.ID, api.CheckpointRequest{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ckpt = append(ckpt, time.Since(start))
+		frozen = append(frozen, time.Duration(ck.FrozenMS*float64(time.Millisecond)))
+		d.cli("exec", l.ID, "--", "sh", "-c", step)
+		start = time.Now()
+		res, err := c.Rollback(ctx, l.ID, api.RollbackRequest{To: ck.ID})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rb = append(rb, time.Since(start))
+		rbFrozen = append(rbFrozen, time.Duration(res.FrozenMS*float64(time.Millisecond)))
+	}
+	base := ctrCheckpointRestore(b, d.env, tree, max(3, b.N/20))
+	ckpt.report(b, "ckpt-l1")
+	frozen.report(b, "ckpt-frozen")
+	rb.report(b, "rollback")
+	rbFrozen.report(b, "rollback-frozen")
+	base.report(b, "ctr-ckpt+restore")
+	b.ReportMetric(float64(base.pct(0.5))/float64(rb.pct(0.5)), "ctr/rollback-x")
+}
+
+// ctrCheckpointRestore times `ctr c checkpoint --rw --task` + `ctr c restore --rw --live` of a
+// busybox container holding the same tree.
+func ctrCheckpointRestore(b *testing.B, e env, tree string, n int) samples {
+	id := fmt.Sprintf("bench-ctr-%d", time.Now().UnixNano())
+	if err := ctr(e, "run", "-d", busyboxImage, id, "sleep", "100000"); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = ctr(e, "task", "kill", "-s", "SIGKILL", id)
+		time.Sleep(200 * time.Millisecond)
+		_ = ctr(e, "task", "delete", "-f", id)
+		_ = ctr(e, "container", "delete", id)
+	}()
+	if err := ctr(e, "task", "exec", "--exec-id", "tree", id, "sh", "-c", tree); err != nil {
+		b.Fatal(err)
+	}
+	var out samples
+	for i := 0; i < n; i++ {
+		ref := fmt.Sprintf("deltabox.local/bench-ckpt:%d", i)
+		timed(&out, func() {
+			if err := ctr(e, "container", "checkpoint", "--rw", "--task", id, ref); err != nil {
+				b.Fatal(err)
+			}
+			_ = ctr(e, "task", "kill", "-s", "SIGKILL", id)
+			time.Sleep(50 * time.Millisecond)
+			_ = ctr(e, "task", "delete", "-f", id)
+			_ = ctr(e, "container", "delete", id)
+			if err := ctr(e, "container", "restore", "--rw", "--live", id, ref); err != nil {
+				b.Fatal(err)
+			}
+		})
+		_ = ctr(e, "image", "rm", ref)
+	}
+	return out
+}

@@ -95,7 +95,7 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	o, err := orchestrator.New(ctx, orchestrator.Options{
 		Root: cfg.Root, ContainerdAddress: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI, InitBinary: initBinary,
-		Metrics: registry,
+		Metrics: registry, Retain: cfg.Checkpoints.Retain,
 	})
 	if err != nil {
 		return err

@@ -28,6 +28,12 @@ type Config struct {
 	CRIU        CRIU        `toml:"criu"`
 	ObjectStore ObjectStore `toml:"object_store"`
 	Metrics     Metrics     `toml:"metrics"`
+	Checkpoints Checkpoints `toml:"checkpoints"`
+}
+
+// Checkpoints configures step checkpoints.
+type Checkpoints struct {
+	Retain int `toml:"retain"`
 }
 
 // Containerd says which containerd to use.
@@ -106,6 +112,9 @@ func (c Config) validate(name string) error {
 	if c.Version != CurrentVersion {
 		return fmt.Errorf("config %s: version = %d is not supported (want version = %d): %w",
 			name, c.Version, CurrentVersion, errdefs.ErrInvalidArgument)
+	}
+	if c.Checkpoints.Retain < 2 {
+		return fmt.Errorf("config %s: checkpoints.retain = %d: keep at least 2: %w", name, c.Checkpoints.Retain, errdefs.ErrInvalidArgument)
 	}
 	switch c.Log.Format {
 	case "text", "json":
