@@ -60,7 +60,7 @@ func TestReorderArgs(t *testing.T) {
 		"deltabox exec sb-1 --timeout 2s -- sh -c --x":        "deltabox exec --timeout 2s sb-1 -- sh -c --x",
 		"deltabox exec -i sb-1 -- cat":                        "deltabox exec -i sb-1 -- cat",
 		"deltabox --address /s exec sb-1 -e A=1 -- env --e x": "deltabox --address /s exec -e A=1 sb-1 -- env --e x",
-		"deltabox rollback sb-1 --force --to 3":               "deltabox rollback sb-1 --force --to 3",
+		"deltabox rollback sb-1 --force --to 3":               "deltabox rollback --force --to 3 sb-1",
 	}
 	for in, want := range cases {
 		if got := strings.Join(reorderArgs(app, strings.Fields(in)), " "); got != want {
