@@ -7,6 +7,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+
+	gocni "github.com/containerd/go-cni"
 )
 
 // bridge is the host bridge all sandbox veths attach to. It carries the gateway address,
@@ -91,6 +94,25 @@ func writeSysctl(path, value string) error {
 	err := os.WriteFile(path, []byte(value), 0o644)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("sysctl %s=%s: %w", path, value, err)
+	}
+	return nil
+}
+
+// isolatePorts marks the sandbox's bridge port (the host end of its veth) isolated, so the
+// kernel forwards no frames between sandboxes. CNI's bridge plugin does this too
+// (portIsolation, plugins >= v1.5); this also covers an older plugin that ignores the key.
+func (b *bridge) isolatePorts(res *gocni.Result) error {
+	for name, cfg := range res.Interfaces {
+		if cfg.Sandbox != "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("/sys/class/net", b.name, "brif", name)); err != nil {
+			continue // not a port of our bridge
+		}
+		p := filepath.Join("/sys/class/net", name, "brport", "isolated")
+		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("isolate bridge port %s: %w", name, err)
+		}
 	}
 	return nil
 }

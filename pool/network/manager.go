@@ -120,6 +120,9 @@ func (m *Manager) attach(ctx context.Context, id, path string) (Attachment, erro
 	if err != nil {
 		return Attachment{}, fmt.Errorf("CNI add: %w", classifyCNI(err))
 	}
+	if err := m.br.isolatePorts(res); err != nil {
+		return Attachment{}, err
+	}
 	ip, err := sandboxIP(res)
 	if err != nil {
 		return Attachment{}, err

@@ -237,6 +237,12 @@ func TestConcurrentSetupTeardown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	for _, port := range bridgePortNames(t) {
+		v, err := os.ReadFile(filepath.Join("/sys/class/net", port, "brport", "isolated"))
+		if err != nil || strings.TrimSpace(string(v)) != "1" {
+			t.Fatalf("bridge port %s isolated = %q, %v", port, v, err)
+		}
+	}
 	seen := map[netip.Addr]bool{}
 	for _, a := range atts {
 		if seen[a.IP] || !testSubnet.Contains(a.IP) || a.IP == m.Gateway() {
