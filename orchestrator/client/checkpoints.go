@@ -82,3 +82,15 @@ func (c *Client) Verify(ctx context.Context, id, ckpt string) (api.VerifyResult,
 	var res api.VerifyResult
 	return res, c.do(ctx, http.MethodGet, sandboxPath(id, "/verify?checkpoint="+url.QueryEscape(ckpt)), nil, &res)
 }
+
+// Effects lists a sandbox's effects, optionally only those with status.
+func (c *Client) Effects(ctx context.Context, id, status string) ([]api.Effect, error) {
+	var out []api.Effect
+	return out, c.do(ctx, http.MethodGet, sandboxPath(id, "/effects?status="+url.QueryEscape(status)), nil, &out)
+}
+
+// Effect returns one effect.
+func (c *Client) Effect(ctx context.Context, id, effect string) (api.Effect, error) {
+	var e api.Effect
+	return e, c.do(ctx, http.MethodGet, sandboxPath(id, "/effects/"+url.PathEscape(effect)), nil, &e)
+}
