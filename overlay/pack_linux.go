@@ -252,8 +252,19 @@ func (m *manifest) validate() error {
 
 // writeFileAtomic writes data to path via temp file, fsync, rename and dir fsync.
 func writeFileAtomic(path string, data []byte, sync bool) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, tempPrefix+"*")
+	if err := writeFileRenamed(path, data, sync); err != nil {
+		return err
+	}
+	if sync {
+		return syncDir(filepath.Dir(path))
+	}
+	return nil
+}
+
+// writeFileRenamed writes data to path via temp file, fdatasync and rename; the rename is
+// durable only after the caller fsyncs the directory.
+func writeFileRenamed(path string, data []byte, sync bool) error {
+	f, err := os.CreateTemp(filepath.Dir(path), tempPrefix+"*")
 	if err != nil {
 		return err
 	}
@@ -263,15 +274,9 @@ func writeFileAtomic(path string, data []byte, sync bool) error {
 		return err
 	}
 	if sync {
-		if err := f.Sync(); err != nil {
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
 			return err
 		}
 	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	if sync {
-		return syncDir(dir)
-	}
-	return nil
+	return os.Rename(f.Name(), path)
 }

@@ -139,29 +139,37 @@ func (s *Store) changedAfter(pos int, target map[string]*Entry, res *scanResult)
 	return set
 }
 
-// finishRollback moves the index to the new upper dir, records the rollback durably and drops
-// the checkpoints after the target.
+// finishRollback moves the index to the new upper dir, records the rollback and drops the
+// checkpoints after the target, with one directory fsync for both: a crash before it leaves
+// either change or both, and each combination reopens consistently (a missing record only
+// makes the next capture record the rewritten paths again).
 func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, target map[string]*Entry) error {
 	s.idx.apply(res)
 	s.reindex(upperfd, pl, target)
-	rec := &rollbackRecord{Nonce: nonce(), Target: s.chain[pos].ID, Index: s.indexDelta(pos)}
+	rec := &rollbackRecord{Nonce: nonce(), Target: s.chain[pos].ID, Index: s.indexDelta(pos, res, pl)}
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(s.dir, rollbackFile), data, s.opts.sync); err != nil {
+	if err := writeFileRenamed(filepath.Join(s.dir, rollbackFile), data, s.opts.sync); err != nil {
 		return fmt.Errorf("record rollback: %w", err)
 	}
 	s.pending = rec
 	s.state = target
-	return s.truncateAfter(pos)
+	if err := s.dropAfter(pos); err != nil {
+		return err
+	}
+	if s.opts.sync {
+		return syncDir(s.dir)
+	}
+	return nil
 }
 
 // reindex brings the index entries of every path the rollback wrote up to date. Where the
 // upper dir now holds exactly what the target recorded for the path (same kind, and for a
 // directory the same opaque flag: the content, mode, owner, mtime and xattrs were just
-// written from that record), the new stat key is taken, so the path does not count as
-// changed again. Elsewhere the merged view is back at the target but the upper dir represents
+// written from that record; for a hard-linked file, the same inode identity), the new stat
+// key is taken, so the path does not count as changed again. Elsewhere the merged view is back at the target but the upper dir represents
 // it differently (a lower file restored as an upper copy, a directory that stays opaque
 // because overlayfs cannot clear the flag through the merged mount); those entries are
 // invalidated so the next capture records them as they are, since hiding the difference
@@ -174,7 +182,7 @@ func (s *Store) reindex(upperfd int, pl *plan, target map[string]*Entry) {
 		case err == nil && st == nil && e == nil:
 			delete(s.idx.keys, p)
 		case err == nil && st != nil && e != nil && e.Kind == kindOf(st) &&
-			(e.Kind != KindDir || upperOpaque(upperfd, p) == e.Opaque):
+			(e.Kind != KindDir || upperOpaque(upperfd, p) == e.Opaque) && sameLink(upperfd, p, e, st):
 			s.idx.keys[p] = &idxEntry{key: keyOf(st), gen: s.idx.gen}
 		default:
 			s.idx.keys[p] = &idxEntry{gen: s.idx.gen} // never matches: recorded next time
@@ -182,22 +190,95 @@ func (s *Store) reindex(upperfd int, pl *plan, target map[string]*Entry) {
 	}
 }
 
-// indexDelta returns how the live index differs from the index persisted at chain position pos.
-func (s *Store) indexDelta(pos int) map[string]*Key {
-	base := s.foldIndex(pos)
-	delta := map[string]*Key{}
-	for p, ie := range s.idx.keys {
-		if k := base[p]; k == nil || *k != ie.key {
-			key := ie.key
-			delta[p] = &key
+// sameLink reports whether the upper path p (stat st) has the hard-link identity e records. A
+// rollback that recreates a hard-linked file makes a new inode, so the group's recorded
+// identity no longer matches it; its paths must be recorded again, or a path linked to it
+// later would be captured under the new identity while the others keep the old one.
+func sameLink(upperfd int, p string, e *Entry, st *unix.Stat_t) bool {
+	if e.Kind == KindDir || st.Nlink <= 1 {
+		return e.Link == ""
+	}
+	if e.Link == "" {
+		return false
+	}
+	pfd, _, err := openParent(upperfd, p)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(pfd)
+	return linkID(pfd, p, st) == e.Link
+}
+
+// indexDelta returns how the live index differs from the index persisted at chain position
+// pos. Unless a later checkpoint is self-contained (its index may differ anywhere), only paths
+// named by a later checkpoint's index, the pending rollback, this rollback's scan or its
+// writes can differ, so only those are compared.
+func (s *Store) indexDelta(pos int, res *scanResult, pl *plan) map[string]*Key {
+	cand := map[string]bool{}
+	for _, m := range s.chain[pos+1:] {
+		if m.Full {
+			return s.fullIndexDelta(pos)
+		}
+		for p := range m.Index {
+			cand[p] = true
 		}
 	}
-	for p := range base {
+	if s.pending != nil {
+		for p := range s.pending.Index {
+			cand[p] = true
+		}
+	}
+	for _, c := range res.changed {
+		cand[c.entry.Path] = true
+	}
+	for _, p := range res.gone {
+		cand[p] = true
+	}
+	for p := range pl.touched {
+		cand[p] = true
+	}
+	delta := map[string]*Key{}
+	for p := range cand {
+		s.addDelta(delta, p, s.keyAt(pos, p))
+	}
+	return delta
+}
+
+// fullIndexDelta compares the whole live index with the index folded at pos.
+func (s *Store) fullIndexDelta(pos int) map[string]*Key {
+	base := s.foldIndex(pos)
+	delta := map[string]*Key{}
+	for p := range s.idx.keys {
+		s.addDelta(delta, p, base[p])
+	}
+	for p, k := range base {
 		if s.idx.keys[p] == nil {
-			delta[p] = nil
+			s.addDelta(delta, p, k)
 		}
 	}
 	return delta
+}
+
+// addDelta records p in delta if its live key differs from the persisted one.
+func (s *Store) addDelta(delta map[string]*Key, p string, persisted *Key) {
+	ie := s.idx.keys[p]
+	switch {
+	case ie == nil && persisted != nil:
+		delta[p] = nil
+	case ie != nil && (persisted == nil || *persisted != ie.key):
+		key := ie.key
+		delta[p] = &key
+	}
+}
+
+// keyAt returns p's persisted index key at chain position pos (nil when not indexed).
+func (s *Store) keyAt(pos int, p string) *Key {
+	for i, b := pos, s.base(pos); i >= b; i-- {
+		if k, ok := s.chain[i].Index[p]; ok {
+			return k
+		}
+	}
+	return nil
 }
 
 // nonce returns a random identifier for a rollback record.

@@ -313,17 +313,26 @@ func (s *Store) removePack(id string) error {
 	return nil
 }
 
-// truncateAfter deletes every checkpoint after chain position pos, newest first.
+// truncateAfter deletes every checkpoint after chain position pos, durably.
 func (s *Store) truncateAfter(pos int) error {
+	if err := s.dropAfter(pos); err != nil {
+		return err
+	}
+	if s.opts.sync {
+		return syncDir(s.dir)
+	}
+	return nil
+}
+
+// dropAfter deletes every checkpoint after chain position pos, newest first; the removals are
+// durable once the store directory is fsynced.
+func (s *Store) dropAfter(pos int) error {
 	for len(s.chain) > pos+1 {
 		last := s.chain[len(s.chain)-1]
 		if err := s.removePack(last.ID); err != nil {
 			return err
 		}
 		s.chain = s.chain[:len(s.chain)-1]
-	}
-	if s.opts.sync {
-		return syncDir(s.dir)
 	}
 	return nil
 }
