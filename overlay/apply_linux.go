@@ -13,27 +13,31 @@ import (
 
 // apply executes a plan through the merged mount open as rootfd. Every parent is resolved
 // inside the root without following symlinks, and every final component is handled with
-// no-follow calls, so a symlink the sandbox planted is removed, never traversed.
+// no-follow calls, so a symlink the sandbox planted is removed, never traversed. After the
+// removals nothing is removed or replaced any more, so parent directories are resolved once
+// and their fds reused for the creates and the final mtimes.
 func (pl *plan) apply(rootfd int) error {
 	for _, p := range pl.remove {
 		if err := removePath(rootfd, p); err != nil {
 			return err
 		}
 	}
+	dirs := &dirCache{root: rootfd, fds: map[string]int{}}
+	defer dirs.close()
 	linked := map[string]string{}
 	for _, it := range pl.items {
 		var err error
 		if it.fix {
-			err = withParent(rootfd, it.e.Path, func(pfd int, name string) error { return setAttrs(pfd, name, it.e, false) })
+			err = dirs.withParent(it.e.Path, func(pfd int, name string) error { return setAttrs(pfd, name, it.e, false) })
 		} else {
-			err = pl.create(rootfd, it.e, linked)
+			err = pl.create(dirs, it.e, linked)
 		}
 		if err != nil {
 			return err
 		}
 	}
 	for _, e := range pl.dirTimes {
-		err := withParent(rootfd, e.Path, func(pfd int, name string) error { return setMtime(pfd, name, e.Mtime) })
+		err := dirs.withParent(e.Path, func(pfd int, name string) error { return setMtime(pfd, name, e.Mtime) })
 		if err != nil {
 			return err
 		}
@@ -41,13 +45,39 @@ func (pl *plan) apply(rootfd int) error {
 	return nil
 }
 
-// withParent runs fn with the parent directory of rel (resolved safely) and rel's name.
-func withParent(rootfd int, rel string, fn func(pfd int, name string) error) error {
-	pfd, name, err := openParent(rootfd, rel)
+// dirCache holds directories of one tree open (O_PATH), each resolved once beneath the root
+// without following symlinks. Only valid while no directory is removed or replaced.
+type dirCache struct {
+	root int
+	fds  map[string]int
+}
+
+func (c *dirCache) close() {
+	for _, fd := range c.fds {
+		unix.Close(fd)
+	}
+}
+
+// get returns the open directory rel.
+func (c *dirCache) get(rel string) (int, error) {
+	if fd, ok := c.fds[rel]; ok {
+		return fd, nil
+	}
+	fd, err := openBeneath(c.root, rel, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return -1, err
+	}
+	c.fds[rel] = fd
+	return fd, nil
+}
+
+// withParent runs fn with the parent directory of rel and rel's name.
+func (c *dirCache) withParent(rel string, fn func(pfd int, name string) error) error {
+	dir, name := splitPath(rel)
+	pfd, err := c.get(dir)
 	if err != nil {
 		return fmt.Errorf("resolve parent of %q: %w", rel, err)
 	}
-	defer unix.Close(pfd)
 	if err := fn(pfd, name); err != nil {
 		return fmt.Errorf("restore %q: %w", rel, err)
 	}
@@ -98,11 +128,14 @@ func removeAt(dirfd int, name string) error {
 }
 
 // create makes e in the merged tree (its parent exists by then) with all its attributes.
-func (pl *plan) create(rootfd int, e *Entry, linked map[string]string) error {
+func (pl *plan) create(dirs *dirCache, e *Entry, linked map[string]string) error {
 	if first, ok := linked[e.Link]; ok && e.Link != "" {
-		return linkPeer(rootfd, first, e.Path)
+		return linkPeer(dirs, first, e.Path)
 	}
-	err := withParent(rootfd, e.Path, func(pfd int, name string) error {
+	err := dirs.withParent(e.Path, func(pfd int, name string) error {
+		if e.Kind == KindFile {
+			return createFile(pfd, name, e, pl.srcs[e.Path])
+		}
 		if err := pl.make(pfd, name, e); err != nil {
 			return err
 		}
@@ -119,13 +152,11 @@ func (pl *plan) create(rootfd int, e *Entry, linked map[string]string) error {
 	return err
 }
 
-// make creates the bare entry.
+// make creates the bare entry (not a regular file: see createFile).
 func (pl *plan) make(pfd int, name string, e *Entry) error {
 	switch e.Kind {
 	case KindDir:
 		return unix.Mkdirat(pfd, name, 0o700)
-	case KindFile:
-		return writeFile(pfd, name, e, pl.srcs[e.Path])
 	case KindSymlink:
 		return unix.Symlinkat(e.Target, pfd, name)
 	case KindFifo:
@@ -144,13 +175,39 @@ func (pl *plan) make(pfd int, name string, e *Entry) error {
 	return fmt.Errorf("cannot restore entry kind %q: %w", e.Kind, errdefs.ErrNotImplemented)
 }
 
-// writeFile creates a new regular file (never opening an existing one) with e's content.
-func writeFile(pfd int, name string, e *Entry, src source) error {
+// createFile creates a new regular file (never opening an existing one) and gives it e's
+// content, owner, mode, xattrs and mtime through its fd, in that order: chown clears the
+// setuid bits and file capabilities, so mode and xattrs come after it. A new file has no
+// kept xattrs to remove.
+func createFile(pfd int, name string, e *Entry, src source) error {
 	fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
+	if err := copyContent(fd, e, src); err != nil {
+		return err
+	}
+	if err := unix.Fchown(fd, int(e.UID), int(e.GID)); err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	if err := unix.Fchmod(fd, e.Mode); err != nil {
+		return fmt.Errorf("chmod: %w", err)
+	}
+	for n, v := range e.Xattrs {
+		if err := unix.Fsetxattr(fd, n, v, 0); err != nil {
+			return fmt.Errorf("setxattr %s: %w", n, err)
+		}
+	}
+	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(e.Mtime)}
+	if err := unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH); err != nil {
+		return fmt.Errorf("set mtime: %w", err)
+	}
+	return nil
+}
+
+// copyContent writes e's content from src into the new file fd.
+func copyContent(fd int, e *Entry, src source) error {
 	if e.Size == 0 {
 		return nil
 	}
@@ -165,13 +222,13 @@ func writeFile(pfd int, name string, e *Entry, src source) error {
 }
 
 // linkPeer hard-links path to an already restored member of its group.
-func linkPeer(rootfd int, first, path string) error {
-	ofd, oname, err := openParent(rootfd, first)
+func linkPeer(dirs *dirCache, first, path string) error {
+	odir, oname := splitPath(first)
+	ofd, err := dirs.get(odir)
 	if err != nil {
 		return fmt.Errorf("resolve %q: %w", first, err)
 	}
-	defer unix.Close(ofd)
-	return withParent(rootfd, path, func(pfd int, name string) error {
+	return dirs.withParent(path, func(pfd int, name string) error {
 		return unix.Linkat(ofd, oname, pfd, name, 0)
 	})
 }

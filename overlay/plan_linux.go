@@ -14,7 +14,8 @@ import (
 
 // plan is a rollback worked out completely (and its content sources opened) before the first
 // write: what to remove (children before parents), what to create or re-attribute (parents
-// before children) and which directories get their mtime back at the end.
+// before children; existing directories only when their mode, owner or xattrs differ) and
+// which directories get their mtime back at the end.
 type plan struct {
 	remove      []string
 	removedDirs []string
@@ -142,13 +143,15 @@ func (pl *plan) decide(v *view, fds rollbackRoots, p string) ([]string, *Entry, 
 // hides differ too, so every child on either side is visited. The same then holds for its
 // subdirectories (an opaque parent hides their lower copies as well), so they are forced.
 func (pl *plan) decideDir(v *view, fds rollbackRoots, p string, want *Entry, have *unix.Stat_t) ([]string, *Entry, error) {
-	pl.items = append(pl.items, &planned{e: want, fix: true})
 	pl.dirTimes = append(pl.dirTimes, want)
-	differs, err := attrsDiffer(fds.merged, p, want, have)
+	meta, err := metaDiffers(fds.merged, p, want, have)
 	if err != nil {
 		return nil, nil, err
 	}
-	if differs {
+	if meta {
+		pl.items = append(pl.items, &planned{e: want, fix: true})
+	}
+	if meta || have.Mtim.Nano() != want.Mtime {
 		pl.done = append(pl.done, p)
 	}
 	if !pl.forced[p] && upperOpaque(fds.upper, p) == want.Opaque {
@@ -263,9 +266,10 @@ func lstatAt(rootfd int, rel string) (*unix.Stat_t, error) {
 	return &st, nil
 }
 
-// attrsDiffer reports whether an existing directory's attributes differ from want.
-func attrsDiffer(rootfd int, rel string, want *Entry, have *unix.Stat_t) (bool, error) {
-	if have.Mode&0o7777 != want.Mode || have.Uid != want.UID || have.Gid != want.GID || have.Mtim.Nano() != want.Mtime {
+// metaDiffers reports whether an existing directory's mode, owner or xattrs differ from want
+// (its mtime is restored anyway, after its children).
+func metaDiffers(rootfd int, rel string, want *Entry, have *unix.Stat_t) (bool, error) {
+	if have.Mode&0o7777 != want.Mode || have.Uid != want.UID || have.Gid != want.GID {
 		return true, nil
 	}
 	pfd, name, err := openParent(rootfd, rel)
