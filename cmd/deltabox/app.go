@@ -84,6 +84,7 @@ func commands() []*cli.Command {
 		poolCommand(), leaseCommand(), releaseCommand(), lsCommand(), inspectCommand(),
 		execCommand(), cpCommand(), checkpointCommand(), rollbackCommand(), commitCommand(),
 		diffCommand(), stateCommand(), verifyCommand(), effectsCommand(), docsCommand(),
+		runCommand(),
 	}
 }
 
