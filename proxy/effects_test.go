@@ -358,3 +358,19 @@ func TestRemoveSandbox(t *testing.T) {
 		t.Fatal("path-like sandbox ID accepted")
 	}
 }
+
+func TestJournalLimit(t *testing.T) {
+	up := newUpstream(t, false)
+	e := newEnv(t, WithJournalLimit(4096))
+	e.register(2, "sb-a", basePolicy(up.hostPort()))
+	c := e.client(2)
+	holdPOST(t, c, up.URL+"/a", strings.Repeat("a", 1500))
+	resp, err := c.Post(up.URL+"/b", "text/plain", strings.NewReader(strings.Repeat("b", 3000)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustStatus(t, resp, http.StatusInsufficientStorage)
+	if res, err := e.p.Commit(e.ctx, "sb-a"); err != nil || res.Released != 1 {
+		t.Fatalf("commit on a full journal: %+v %v", res, err)
+	}
+}

@@ -152,7 +152,11 @@ func (p *Proxy) hold(ctx context.Context, w http.ResponseWriter, r *http.Request
 	eff := p.newEffect(StatusHeld, r.Method, tgt, r.Header, body, d.explicit)
 	if err := p.journalAppend(ctx, sb.id, &record{Type: recEffect, Effect: eff}); err != nil {
 		rl.decision = "error"
-		p.refuse(w, rl, http.StatusServiceUnavailable, "cannot journal the request: "+err.Error())
+		status := http.StatusServiceUnavailable
+		if errdefs.IsResourceExhausted(err) {
+			status = http.StatusInsufficientStorage
+		}
+		p.refuse(w, rl, status, "cannot journal the request: "+err.Error())
 		return
 	}
 	rl.status = writeHeld(w, d.rule, eff.ID)

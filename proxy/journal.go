@@ -84,8 +84,9 @@ type effectState struct {
 
 // journal is one sandbox's effect journal.
 type journal struct {
-	path string
-	op   sync.Mutex // serializes Commit and Rollback of the sandbox
+	path  string
+	limit int64      // bytes; effect records beyond it are refused
+	op    sync.Mutex // serializes Commit and Rollback of the sandbox
 
 	mu      sync.Mutex
 	f       *os.File
@@ -252,6 +253,9 @@ func (j *journal) write(r *record) (uint64, error) {
 	buf, err := encodeRecord(r)
 	if err != nil {
 		return 0, err
+	}
+	if r.Type == recEffect && j.limit > 0 && j.size+int64(len(buf)) > j.limit {
+		return 0, fmt.Errorf("journal %s is full (%d bytes): %w", j.path, j.limit, errdefs.ErrResourceExhausted)
 	}
 	if _, err := j.f.Write(buf); err != nil {
 		_ = j.f.Truncate(j.size) // do not leave a partial record in front of later ones

@@ -40,6 +40,7 @@ type config struct {
 	commitAttempts  int
 	commitBackoff   time.Duration
 	recordPassed    bool
+	journalLimit    int64
 }
 
 // Option configures New.
@@ -99,6 +100,11 @@ func WithCommitRetry(attempts int, backoff time.Duration) Option {
 // default because reads are the bulk of the traffic.
 func WithRecordPassed(on bool) Option { return func(c *config) { c.recordPassed = on } }
 
+// WithJournalLimit bounds a sandbox's journal file (default 1 GiB): a hostile sandbox cannot
+// fill the disk. New effects beyond it are refused with 507; commit and rollback still work.
+// The journal is not compacted: it shrinks only with RemoveSandbox.
+func WithJournalLimit(n int64) Option { return func(c *config) { c.journalLimit = n } }
+
 func defaultConfig() config {
 	return config{
 		bodyLimit:      DefaultBodyLimit,
@@ -109,5 +115,6 @@ func defaultConfig() config {
 		originalDst:    originalDst,
 		commitAttempts: 5,
 		commitBackoff:  100 * time.Millisecond,
+		journalLimit:   1 << 30,
 	}
 }

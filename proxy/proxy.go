@@ -297,6 +297,7 @@ func (p *Proxy) journalFor(ctx context.Context, id string, create bool) (*journa
 	if err != nil {
 		return nil, err
 	}
+	j.limit = p.cfg.journalLimit
 	p.journals[id] = j
 	return j, nil
 }
