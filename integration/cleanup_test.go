@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/pool"
+	"github.com/deltabox/deltabox/pool/network"
 )
 
 // destroyNodeContainers removes every container a test daemon left behind (daemons keep
@@ -52,4 +54,37 @@ func destroyNodeContainers(t testing.TB, e env, root string) {
 			t.Errorf("cleanup: delete %s: %v", c.ID(), err)
 		}
 	}
+}
+
+// testNet is one test daemon's private sandbox network.
+type testNet struct {
+	name   string
+	subnet netip.Prefix
+}
+
+func testNetwork(n int) testNet {
+	k := n%200 + 20
+	return testNet{name: fmt.Sprintf("dbxt%d", k), subnet: netip.MustParsePrefix(fmt.Sprintf("10.215.%d.0/24", k))}
+}
+
+func (n testNet) toml() string {
+	return fmt.Sprintf("version = 1\n[network]\nname = %q\nbridge = %q\nsubnet = %q\n", n.name, n.name, n.subnet)
+}
+
+// uninstall removes the network's bridge, firewall chains and leftovers. Tasks killed just
+// before may keep a namespace busy for a moment, so it retries.
+func (n testNet) uninstall(t testing.TB) {
+	ctx := context.Background()
+	var err error
+	for range 10 {
+		var m *network.Manager
+		m, err = network.New(ctx, network.Options{StateDir: t.TempDir(), NetworkName: n.name, Bridge: n.name, Subnet: n.subnet, ProxyPort: 3128})
+		if err == nil {
+			if err = m.Uninstall(ctx); err == nil {
+				return
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	t.Logf("could not remove test network %s: %v", n.name, err)
 }

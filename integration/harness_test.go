@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -43,24 +44,42 @@ type daemon struct {
 	cmd     *exec.Cmd
 	logs    *bytes.Buffer
 	exited  chan error
+	net     testNet
+	args    []string // extra daemon arguments, kept for restarts
 }
 
 // startDaemon starts a daemon in a fresh state root and waits until its API answers.
 func startDaemon(t testing.TB, extraArgs ...string) *daemon {
 	t.Helper()
+	return startDaemonWith(t, "", extraArgs...)
+}
+
+// netSeq numbers the test daemons' private sandbox networks (bridge and /24 subnet each).
+var netSeq atomic.Int32
+
+// startDaemonWith starts a daemon whose config file holds extraConfig (TOML) on top of a
+// private sandbox network, so that daemons of one test run never share bridges or addresses.
+func startDaemonWith(t testing.TB, extraConfig string, extraArgs ...string) *daemon {
+	t.Helper()
 	e := requireEnv(t)
 	dir := shortTempDir(t)
 	d := &daemon{t: t, env: e, root: filepath.Join(dir, "root"), address: filepath.Join(dir, "api.sock")}
-	t.Cleanup(func() { destroyNodeContainers(t, e, d.root) })
-	d.start(extraArgs...)
+	d.net = testNetwork(int(netSeq.Add(1)))
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(d.net.toml()+"\n"+extraConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroyNodeContainers(t, e, d.root); d.net.uninstall(t) })
+	d.args = append([]string{"--config", cfg}, extraArgs...)
+	d.start()
 	t.Cleanup(d.stop)
 	return d
 }
 
-func (d *daemon) start(extraArgs ...string) {
+func (d *daemon) start() {
 	d.t.Helper()
 	args := append([]string{"daemon", "--root", d.root, "--address", d.address,
-		"--containerd-address", d.env.containerd, "--log-level", "debug"}, extraArgs...)
+		"--containerd-address", d.env.containerd, "--log-level", "debug"}, d.args...)
 	d.logs = &bytes.Buffer{}
 	d.cmd = exec.Command(d.env.bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs

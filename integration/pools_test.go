@@ -270,9 +270,7 @@ func TestLimitsContainOneSandbox(t *testing.T) {
 }
 
 func TestMetricsEndpoint(t *testing.T) {
-	cfg := filepath.Join(shortTempDir(t), "cfg.toml")
-	os.WriteFile(cfg, []byte("version = 1\n[metrics]\naddress = \"127.0.0.1:19464\"\n"), 0o644)
-	d := startDaemon(t, "--config", cfg)
+	d := startDaemonWith(t, "[metrics]\naddress = \"127.0.0.1:19464\"\n")
 	d.createPool("m", busyboxImage, 1)
 	d.lease("m")
 	body := httpGet(t, "http://127.0.0.1:19464/metrics")

@@ -24,8 +24,8 @@ func (o *Orchestrator) exec(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	body := bufio.NewReaderSize(r.Body, 64<<10)
 	req, err := readExecRequest(body)
-	if err == nil {
-		_, err = o.pools.Get(id)
+	if err == nil { // the sandbox's first checkpoint must be taken before anything runs
+		_, err = o.session(ctx, id)
 	}
 	if err != nil {
 		writeError(ctx, w, err)

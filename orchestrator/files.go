@@ -8,6 +8,9 @@ import (
 
 // copyTo extracts the request body (a tar stream) into the sandbox at ?path=.
 func (o *Orchestrator) copyTo(r *http.Request) (any, error) {
+	if _, err := o.session(r.Context(), r.PathValue("id")); err != nil {
+		return nil, err
+	}
 	return o.pools.CopyTo(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.Body)
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/pool"
+	"github.com/deltabox/deltabox/pool/network"
 )
 
 // Options configure an Orchestrator.
@@ -35,8 +36,9 @@ type Options struct {
 	ObjectStoreURI    string        // where L3 snapshots go; empty: file://<root>/objects
 	InitBinary        string        // static deltabox-init to mount into sandboxes
 	Metrics           *prometheus.Registry
-	Retain            int     // checkpoints kept per sandbox (default 64)
-	Effects           Effects // the egress proxy's hooks (default: none held)
+	Retain            int              // checkpoints kept per sandbox (default 64)
+	Network           *network.Options // sandbox networking; nil: loopback only
+	Effects           Effects          // the egress proxy's hooks (default: none held)
 }
 
 func (o *Options) setDefaults() {
@@ -70,6 +72,7 @@ type Orchestrator struct {
 	criu    criu.Status
 	node    string
 	pools   *pool.Manager
+	net     *network.Manager
 	effects Effects
 
 	mu       sync.Mutex
@@ -107,10 +110,19 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	o.pools, err = pool.NewManager(ctx, o.client, pool.Options{
+	popts := pool.Options{
 		Root: filepath.Join(o.opts.Root, "pool"), InitBinary: initBin, Node: o.node, Metrics: o.opts.Metrics,
 		Reset: o.resetFiles,
-	})
+	}
+	if o.opts.Network != nil {
+		nopts := *o.opts.Network
+		nopts.StateDir = filepath.Join(o.opts.Root, "network")
+		if o.net, err = network.New(ctx, nopts); err != nil {
+			return fmt.Errorf("sandbox network: %w", err)
+		}
+		popts.Network = o.net
+	}
+	o.pools, err = pool.NewManager(ctx, o.client, popts)
 	if err != nil {
 		return err
 	}

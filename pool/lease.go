@@ -31,6 +31,7 @@ type Sandbox struct {
 	LeasedAt  time.Time         `json:"leased_at"`
 	Created   time.Time         `json:"created"`
 	InitPid   uint32            `json:"init_pid"`
+	IP        string            `json:"ip,omitempty"`
 	RunDir    string            `json:"-"`
 	Layout    Layout            `json:"-"`
 	initc     *initproto.Client
@@ -195,6 +196,9 @@ func (m *Manager) List() []Sandbox {
 func (m *Manager) view(p *pool, sb *sandbox) Sandbox {
 	v := Sandbox{Pool: sb.rec.Pool, Container: sb.rec.CID, Created: sb.rec.Created,
 		InitPid: sb.inst.pid, RunDir: sb.inst.runDir, Layout: sb.inst.layout, initc: sb.inst.init}
+	if sb.inst.ip.IsValid() {
+		v.IP = sb.inst.ip.String()
+	}
 	if l := sb.rec.Lease; l != nil {
 		v.ID, v.Env, v.Labels, v.LeasedAt = l.ID, l.Env, l.Labels, l.LeasedAt
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -27,6 +28,11 @@ type Options struct {
 	Runtime           string // containerd runtime (default io.containerd.runc.v2)
 	CreateConcurrency int    // sandboxes created at once by the fillers (default 4)
 	Metrics           prometheus.Registerer
+	// Network, when set, gives every sandbox its own network namespace that can reach only
+	// the egress proxy (pool/network). Without it a sandbox has a private loopback only.
+	Network Network
+	// SpecOpts adds runtime-spec options for a new container (dir is its host directory).
+	SpecOpts func(cid, dir string) ([]oci.SpecOpts, error)
 	// Reset, when set, returns a released sandbox's filesystem to the image's state with
 	// only init running; the sandbox is then reused. Without it, or when it fails, a released
 	// sandbox is destroyed and the filler creates a fresh one.
@@ -103,7 +109,8 @@ func NewManager(ctx context.Context, client *containerd.Client, opts Options) (*
 		opts: opts, st: st, sem: make(chan struct{}, opts.CreateConcurrency),
 		pools: map[string]*pool{}, leased: map[string]*sandbox{},
 		rt: &runtime{client: client, snapshotter: opts.Snapshotter, runtimeName: opts.Runtime,
-			initBin: opts.InitBinary, dir: filepath.Join(opts.Root, "containers"), node: opts.Node},
+			initBin: opts.InitBinary, dir: filepath.Join(opts.Root, "containers"), node: opts.Node,
+			net: opts.Network, specOpts: opts.SpecOpts},
 	}
 	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if m.metrics, err = newMetrics(m, opts.Metrics); err != nil {

@@ -40,6 +40,9 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		delete(byCID, c.ID())
 		m.adopt(ctx, c, rec, ok)
 	}
+	if err := m.reconcileNetwork(ctx); err != nil {
+		return err
+	}
 	for cid := range byCID { // recorded, but containerd has no such container
 		log.L(ctx).Warn("forgetting sandbox whose container is gone", "container", cid)
 		_ = m.st.delete(bucketContainers, cid)
@@ -102,6 +105,13 @@ func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance,
 	if inst.layout, err = m.rt.layoutOf(ctx, c); err != nil {
 		return nil, err
 	}
+	if m.rt.net != nil {
+		att, err := m.rt.net.Lookup(ctx, c.ID())
+		if err != nil {
+			return nil, fmt.Errorf("network: %w", err)
+		}
+		inst.ip = att.IP
+	}
 	// A daemon that died mid-checkpoint leaves the cgroup frozen behind containerd's back.
 	if err := NewFreezer(inst.layout.Cgroup).Thaw(); err != nil {
 		return nil, err
@@ -116,5 +126,26 @@ func ping(ctx context.Context, inst *instance) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, err := inst.init.Ping(ctx)
+	return err
+}
+
+// reconcileNetwork removes network namespaces of containers this node no longer has.
+func (m *Manager) reconcileNetwork(ctx context.Context) error {
+	if m.rt.net == nil {
+		return nil
+	}
+	keep := map[string]bool{}
+	for _, p := range m.pools {
+		for _, sb := range p.ready {
+			keep[sb.rec.CID] = true
+		}
+	}
+	for _, sb := range m.leased {
+		keep[sb.rec.CID] = true
+	}
+	removed, err := m.rt.net.Reconcile(ctx, func(id string) bool { return keep[id] })
+	if len(removed) > 0 {
+		log.L(ctx).Info("removed leftover sandbox networks", "ids", removed)
+	}
 	return err
 }

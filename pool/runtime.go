@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/pool/initproto"
+	"github.com/deltabox/deltabox/pool/network"
 )
 
 // Container labels that mark DeltaBox's containers; reconcile uses them after a restart.
@@ -41,6 +43,16 @@ type runtime struct {
 	initBin     string // host path of the static deltabox-init
 	dir         string // per-container directories live here
 	node        string
+	net         Network
+	specOpts    func(cid, dir string) ([]oci.SpecOpts, error)
+}
+
+// Network gives sandboxes their network namespaces (implemented by pool/network).
+type Network interface {
+	Setup(ctx context.Context, id string) (network.Attachment, error)
+	Lookup(ctx context.Context, id string) (network.Attachment, error)
+	Teardown(ctx context.Context, id string) error
+	Reconcile(ctx context.Context, keep func(id string) bool) ([]string, error)
 }
 
 // instance is one created and started sandbox container.
@@ -50,6 +62,7 @@ type instance struct {
 	runDir string
 	init   *initproto.Client
 	layout Layout
+	ip     netip.Addr // the sandbox's address (zero without a Network)
 }
 
 // Layout locates a sandbox's root filesystem layers and cgroup on the host.
@@ -135,12 +148,16 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string) (_ *insta
 			r.cleanup(ctx, cid)
 		}
 	}()
+	opts, err := r.containerSpec(ctx, img, t, inst)
+	if err != nil {
+		return nil, err
+	}
 	c, err := r.client.NewContainer(ctx, cid,
 		containerd.WithImage(img),
 		containerd.WithSnapshotter(r.snapshotter),
 		containerd.WithNewSnapshot(cid, img),
 		containerd.WithRuntime(r.runtimeName, nil),
-		containerd.WithNewSpec(r.specOpts(img, t, cid, inst.runDir)...),
+		containerd.WithNewSpec(opts...),
 		containerd.WithContainerLabels(map[string]string{LabelManaged: "true", LabelNode: r.node, LabelPool: t.Name}))
 	if err != nil {
 		return nil, fmt.Errorf("create container %s: %w", cid, err)
@@ -172,7 +189,30 @@ func (r *runtime) waitInit(ctx context.Context, inst *instance) error {
 	return nil
 }
 
-func (r *runtime) specOpts(img containerd.Image, t *Template, cid, runDir string) []oci.SpecOpts {
+// containerSpec builds the spec options of a new sandbox: the template's, its network
+// namespace (set up here) and the caller's extras.
+func (r *runtime) containerSpec(ctx context.Context, img containerd.Image, t *Template, inst *instance) ([]oci.SpecOpts, error) {
+	opts := r.templateSpec(img, t, inst.cid, inst.runDir)
+	if r.net != nil {
+		att, err := r.net.Setup(ctx, inst.cid)
+		if err != nil {
+			return nil, fmt.Errorf("network for %s: %w", inst.cid, err)
+		}
+		inst.ip = att.IP
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: att.NetNSPath}),
+			oci.WithEnv(att.Env()))
+	}
+	if r.specOpts != nil {
+		extra, err := r.specOpts(inst.cid, r.containerDir(inst.cid))
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, extra...)
+	}
+	return opts, nil
+}
+
+func (r *runtime) templateSpec(img containerd.Image, t *Template, cid, runDir string) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
 		oci.WithProcessArgs(initPath, "--socket", initSocket),
@@ -211,6 +251,11 @@ func (r *runtime) destroy(ctx context.Context, cid string) error {
 		}
 		if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("delete container %s: %w", cid, err)
+		}
+	}
+	if r.net != nil {
+		if err := r.net.Teardown(ctx, cid); err != nil {
+			return fmt.Errorf("tear down network of %s: %w", cid, err)
 		}
 	}
 	if err := os.RemoveAll(r.containerDir(cid)); err != nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"os/user"
@@ -20,10 +21,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/deltabox/deltabox/internal/config"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/internal/version"
 	"github.com/deltabox/deltabox/orchestrator"
+	"github.com/deltabox/deltabox/pool/network"
 )
 
 // shutdownTimeout bounds how long in-flight requests may run after SIGTERM.
@@ -90,12 +94,16 @@ func runDaemon(c *cli.Context) error {
 }
 
 func serve(ctx context.Context, cfg config.Config, initBinary string) error {
+	netOpts, err := networkOptions(cfg.Network)
+	if err != nil {
+		return err
+	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	o, err := orchestrator.New(ctx, orchestrator.Options{
 		Root: cfg.Root, ContainerdAddress: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI, InitBinary: initBinary,
-		Metrics: registry, Retain: cfg.Checkpoints.Retain,
+		Metrics: registry, Retain: cfg.Checkpoints.Retain, Network: netOpts,
 	})
 	if err != nil {
 		return err
@@ -131,6 +139,19 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	_ = os.Remove(cfg.Address)
 	log.L(ctx).Info("daemon stopped")
 	return nil
+}
+
+// networkOptions turns the [network] section into pool/network options (nil: disabled).
+func networkOptions(c config.Network) (*network.Options, error) {
+	if !c.Enabled {
+		return nil, nil
+	}
+	subnet, err := netip.ParsePrefix(c.Subnet)
+	if err != nil {
+		return nil, fmt.Errorf("network.subnet %q: %v: %w", c.Subnet, err, errdefs.ErrInvalidArgument)
+	}
+	return &network.Options{NetworkName: c.Name, Bridge: c.Bridge, Subnet: subnet, ProxyPort: c.ProxyPort,
+		TransparentHTTPPort: c.TransparentHTTPPort, TransparentHTTPSPort: c.TransparentHTTPSPort}, nil
 }
 
 // initBinaryPath returns the flag's value, or deltabox-init next to this executable.

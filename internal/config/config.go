@@ -29,6 +29,18 @@ type Config struct {
 	ObjectStore ObjectStore `toml:"object_store"`
 	Metrics     Metrics     `toml:"metrics"`
 	Checkpoints Checkpoints `toml:"checkpoints"`
+	Network     Network     `toml:"network"`
+}
+
+// Network configures sandbox networking and the egress proxy's ports.
+type Network struct {
+	Enabled              bool   `toml:"enabled"`
+	Name                 string `toml:"name"`
+	Bridge               string `toml:"bridge"`
+	Subnet               string `toml:"subnet"`
+	ProxyPort            uint16 `toml:"proxy_port"`
+	TransparentHTTPPort  uint16 `toml:"transparent_http_port"`
+	TransparentHTTPSPort uint16 `toml:"transparent_https_port"`
 }
 
 // Checkpoints configures step checkpoints.
