@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -106,7 +107,7 @@ func (p *Proxy) newServer() *http.Server {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
-		ErrorLog:          nil,
+		ErrorLog:          slog.NewLogLogger(log.L(context.Background()).Handler(), slog.LevelDebug),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if mc, ok := c.(*metaConn); ok {
 				return withMeta(mc.ctx, mc.meta)
