@@ -10,6 +10,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/internal/rootfs"
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
@@ -41,6 +42,7 @@ type fakeSandbox struct {
 	execs    []map[string]string
 	messages []string
 	released bool
+	files    []string
 }
 
 func newFake(exec execFunc) *fakeClient {
@@ -181,4 +183,16 @@ func (f *fakeClient) Release(_ context.Context, id string) error {
 	sb.released = true
 	delete(f.leased, id)
 	return nil
+}
+
+func (f *fakeClient) CopyTo(_ context.Context, id, dest string, tarStream io.Reader) (rootfs.ExtractResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.sandbox(id)
+	if err != nil {
+		return rootfs.ExtractResult{}, err
+	}
+	data, _ := io.ReadAll(tarStream)
+	sb.files = append(sb.files, dest)
+	return rootfs.ExtractResult{Entries: 1, Bytes: int64(len(data))}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/internal/rootfs"
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
@@ -22,6 +23,7 @@ type Client interface {
 	StatePatch(ctx context.Context, id string, ops []byte, ifSeq int64) (api.StatePatchResult, error)
 	Effects(ctx context.Context, id, status string) ([]api.Effect, error)
 	Release(ctx context.Context, id string) error
+	CopyTo(ctx context.Context, id, dest string, tarStream io.Reader) (rootfs.ExtractResult, error)
 }
 
 // Options tune a run.

@@ -36,6 +36,7 @@ type Pipeline struct {
 	Env       map[string]string `yaml:"env"`     // for every step (templated)
 	Workdir   string            `yaml:"workdir"` // default working directory of the steps
 	Timeout   time.Duration     `yaml:"timeout"` // default step timeout (0: none)
+	Files     []File            `yaml:"files"`   // copied into every sandbox after the lease
 	Steps     []*Step           `yaml:"steps"`
 	Fallbacks []*Step           `yaml:"fallbacks"` // steps that run only when a step names them
 

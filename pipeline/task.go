@@ -60,7 +60,10 @@ func (tr *taskRun) run(ctx context.Context) {
 		return
 	}
 	ctx = log.With(ctx, "sandbox", tr.sb)
-	err := tr.steps(ctx)
+	err := tr.copyFiles(ctx)
+	if err == nil {
+		err = tr.steps(ctx)
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	err = tr.settle(cctx, err)

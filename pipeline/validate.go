@@ -20,6 +20,9 @@ func (p *Pipeline) validate(doc *yaml.Node) error {
 	if err := checkCommit(p.Commit, doc.Line); err != nil {
 		return err
 	}
+	if err := p.loadFiles(keyLine(doc, "files")); err != nil {
+		return err
+	}
 	byName := map[string]*Step{}
 	all := append(append([]*Step{}, p.Steps...), p.Fallbacks...)
 	for i, s := range all {
@@ -123,4 +126,12 @@ func linkFallbacks(all []*Step, byName map[string]*Step) error {
 		s.fb = fb
 	}
 	return nil
+}
+
+// keyLine is the line of a top-level key (the document's line when it is absent).
+func keyLine(doc *yaml.Node, key string) int {
+	if v := mapValue(doc, key); v != nil {
+		return v.Line
+	}
+	return doc.Line
 }
