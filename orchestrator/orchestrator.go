@@ -24,6 +24,7 @@ import (
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/pool"
 	"github.com/deltabox/deltabox/pool/network"
+	"github.com/deltabox/deltabox/proxy"
 )
 
 // Options configure an Orchestrator.
@@ -38,6 +39,7 @@ type Options struct {
 	Metrics           *prometheus.Registry
 	Retain            int              // checkpoints kept per sandbox (default 64)
 	Network           *network.Options // sandbox networking; nil: loopback only
+	Egress            EgressOptions    // the egress proxy (with Network only)
 	Effects           Effects          // the egress proxy's hooks (default: none held)
 }
 
@@ -73,6 +75,9 @@ type Orchestrator struct {
 	node    string
 	pools   *pool.Manager
 	net     *network.Manager
+	proxy   *proxy.Proxy
+	l3      *criu.Checkpointer
+	closers []func() error
 	effects Effects
 
 	mu       sync.Mutex
@@ -110,9 +115,11 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	o.l3 = criu.New(o.client, criu.WithStatus(o.criu), criu.WithCRIUPath(o.opts.CRIUPath),
+		criu.WithWorkRoot(filepath.Join(o.opts.Root, "criu-work")))
 	popts := pool.Options{
 		Root: filepath.Join(o.opts.Root, "pool"), InitBinary: initBin, Node: o.node, Metrics: o.opts.Metrics,
-		Reset: o.resetFiles,
+		Reset: o.resetFiles, SpecOpts: o.sandboxSpec,
 	}
 	if o.opts.Network != nil {
 		nopts := *o.opts.Network
@@ -121,6 +128,9 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 			return fmt.Errorf("sandbox network: %w", err)
 		}
 		popts.Network = o.net
+		if err := o.startEgress(ctx, nopts); err != nil {
+			return err
+		}
 	}
 	o.pools, err = pool.NewManager(ctx, o.client, popts)
 	if err != nil {
@@ -177,6 +187,12 @@ func (o *Orchestrator) Close(ctx context.Context) error {
 	var errs []error
 	if o.pools != nil {
 		errs = append(errs, o.pools.Close())
+	}
+	for _, c := range o.closers {
+		errs = append(errs, c())
+	}
+	if o.proxy != nil {
+		errs = append(errs, o.proxy.Close())
 	}
 	o.mu.Lock()
 	sessions := o.sessions

@@ -119,6 +119,9 @@ func (o *Orchestrator) createPool(r *http.Request) (any, error) {
 	if err := decode(r, &t); err != nil {
 		return nil, err
 	}
+	if err := ValidatePolicy(t.EgressPolicy); err != nil {
+		return nil, fmt.Errorf("pool %q: egress policy: %w", t.Name, err)
+	}
 	return o.pools.CreatePool(r.Context(), t)
 }
 
@@ -144,7 +147,10 @@ func (o *Orchestrator) lease(r *http.Request) (any, error) {
 	if err := decode(r, &req); err != nil {
 		return nil, err
 	}
-	res, err := o.pools.Lease(r.Context(), r.PathValue("name"), pool.LeaseRequest{Env: req.Env, Labels: req.Labels})
+	if err := ValidatePolicy(req.EgressPolicy); err != nil {
+		return nil, fmt.Errorf("egress policy: %w", err)
+	}
+	res, err := o.pools.Lease(r.Context(), r.PathValue("name"), pool.LeaseRequest{Env: req.Env, Labels: req.Labels, EgressPolicy: req.EgressPolicy})
 	if err != nil {
 		return nil, err
 	}

@@ -69,6 +69,9 @@ func (o *Orchestrator) openSession(ctx context.Context, s *session) error {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("create session dir: %w", err)
 	}
+	if err := o.registerEgress(ctx, s.sb); err != nil {
+		return fmt.Errorf("register with the egress proxy: %w", err)
+	}
 	var err error
 	if s.fs, err = overlay.NewStore(filepath.Join(s.dir, "layers")); err != nil {
 		return err
@@ -183,6 +186,7 @@ func (o *Orchestrator) endSession(ctx context.Context, id string) {
 	if err := s.close(); err != nil {
 		log.L(ctx).Warn("close session", "sandbox", id, "error", err)
 	}
+	o.unregisterEgress(s.sb)
 	o.effects.Forget(id)
 	if err := os.RemoveAll(s.dir); err != nil {
 		log.L(ctx).Warn("remove session dir", "sandbox", id, "error", err)

@@ -85,6 +85,11 @@ func (m *Manager) fillOne(ctx context.Context, p *pool) {
 
 // create makes, starts and records one sandbox of p, bounded by the create semaphore.
 func (m *Manager) create(ctx context.Context, p *pool) (*sandbox, error) {
+	return m.createWith(ctx, p, nil)
+}
+
+// createWith is create with a custom task start (a restore); nil starts a fresh init.
+func (m *Manager) createWith(ctx context.Context, p *pool, restore RestoreFunc) (*sandbox, error) {
 	select {
 	case m.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -94,7 +99,7 @@ func (m *Manager) create(ctx context.Context, p *pool) (*sandbox, error) {
 	start := time.Now()
 	t := p.t
 	cid := newID("dbx-")
-	inst, err := m.rt.create(ctx, &t, cid)
+	inst, err := m.rt.create(ctx, &t, cid, restore)
 	if err != nil {
 		return nil, err
 	}

@@ -15,8 +15,9 @@ import (
 
 // LeaseRequest holds the late-bound settings of a lease.
 type LeaseRequest struct {
-	Env    []string
-	Labels map[string]string
+	Env          []string
+	Labels       map[string]string
+	EgressPolicy string // overrides the template's (YAML); validated by the caller
 }
 
 // Sandbox is the public view of a leased sandbox.
@@ -32,9 +33,11 @@ type Sandbox struct {
 	Created   time.Time         `json:"created"`
 	InitPid   uint32            `json:"init_pid"`
 	IP        string            `json:"ip,omitempty"`
-	RunDir    string            `json:"-"`
-	Layout    Layout            `json:"-"`
-	initc     *initproto.Client
+	// EgressPolicy is the lease's egress policy, or the template's.
+	EgressPolicy string `json:"egress_policy,omitempty"`
+	RunDir       string `json:"-"`
+	Layout       Layout `json:"-"`
+	initc        *initproto.Client
 }
 
 // Init is the client of the sandbox's init.
@@ -49,21 +52,32 @@ type LeaseResult struct {
 // Lease takes a ready sandbox from the pool (O(1)), or creates one when the pool is empty and
 // below max (a cold lease), and binds the request's env and labels to it.
 func (m *Manager) Lease(ctx context.Context, poolName string, req LeaseRequest) (LeaseResult, error) {
+	return m.lease(ctx, poolName, req, nil)
+}
+
+// LeaseRestored creates a new sandbox of the pool whose task is started by restore (a CRIU
+// restore under a new identity: new container, cgroup, network and lease ID) and leases it.
+func (m *Manager) LeaseRestored(ctx context.Context, poolName string, req LeaseRequest, restore RestoreFunc) (LeaseResult, error) {
+	return m.lease(ctx, poolName, req, restore)
+}
+
+func (m *Manager) lease(ctx context.Context, poolName string, req LeaseRequest, restore RestoreFunc) (LeaseResult, error) {
 	start := time.Now()
 	if err := ValidateEnv(req.Env); err != nil {
 		return LeaseResult{}, err
 	}
-	sb, p, cold, err := m.take(poolName)
+	sb, p, cold, err := m.take(poolName, restore != nil)
 	if err != nil {
 		return LeaseResult{}, err
 	}
 	p.poke()
 	if cold {
-		if sb, err = m.createCold(ctx, p); err != nil {
+		if sb, err = m.createCold(ctx, p, restore); err != nil {
 			return LeaseResult{}, err
 		}
 	}
-	lease := &Lease{ID: newID("sb-"), Env: req.Env, Labels: maps.Clone(req.Labels), LeasedAt: time.Now().UTC()}
+	lease := &Lease{ID: newID("sb-"), Env: req.Env, Labels: maps.Clone(req.Labels), LeasedAt: time.Now().UTC(),
+		EgressPolicy: req.EgressPolicy}
 	rec := sb.rec
 	rec.Lease = lease
 	if err := m.st.put(bucketContainers, rec.CID, rec); err != nil {
@@ -79,15 +93,16 @@ func (m *Manager) Lease(ctx context.Context, poolName string, req LeaseRequest) 
 	return LeaseResult{Sandbox: m.view(p, sb), Cold: cold}, nil
 }
 
-// take pops a ready sandbox of poolName, or reserves a slot for a cold create (sb == nil).
-func (m *Manager) take(poolName string) (*sandbox, *pool, bool, error) {
+// take pops a ready sandbox of poolName, or reserves a slot for a cold create (sb == nil),
+// which a restore always needs.
+func (m *Manager) take(poolName string, fresh bool) (*sandbox, *pool, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p, err := m.poolLocked(poolName)
 	if err != nil {
 		return nil, nil, false, err
 	}
-	if len(p.ready) > 0 {
+	if len(p.ready) > 0 && !fresh {
 		sb := p.ready[0]
 		p.ready[0] = nil
 		p.ready = p.ready[1:]
@@ -101,8 +116,8 @@ func (m *Manager) take(poolName string) (*sandbox, *pool, bool, error) {
 	return nil, p, true, nil
 }
 
-func (m *Manager) createCold(ctx context.Context, p *pool) (*sandbox, error) {
-	sb, err := m.create(ctx, p)
+func (m *Manager) createCold(ctx context.Context, p *pool, restore RestoreFunc) (*sandbox, error) {
+	sb, err := m.createWith(ctx, p, restore)
 	if err != nil {
 		m.mu.Lock()
 		p.leased--
@@ -200,11 +215,14 @@ func (m *Manager) view(p *pool, sb *sandbox) Sandbox {
 		v.IP = sb.inst.ip.String()
 	}
 	if l := sb.rec.Lease; l != nil {
-		v.ID, v.Env, v.Labels, v.LeasedAt = l.ID, l.Env, l.Labels, l.LeasedAt
+		v.ID, v.Env, v.Labels, v.LeasedAt, v.EgressPolicy = l.ID, l.Env, l.Labels, l.LeasedAt, l.EgressPolicy
 	}
 	if p != nil {
 		v.Image, v.Workdir = p.t.Image, p.t.Workdir
 		v.Labels = mergeLabels(p.t.Labels, v.Labels)
+		if v.EgressPolicy == "" {
+			v.EgressPolicy = p.t.EgressPolicy
+		}
 	}
 	return v
 }
@@ -216,4 +234,30 @@ func mergeLabels(base, over map[string]string) map[string]string {
 	out := maps.Clone(base)
 	maps.Copy(out, over)
 	return out
+}
+
+// ReplaceTask kills a leased sandbox's task and starts a new one with restore (an in-place
+// CRIU restore); the sandbox keeps its ID, container, files and network.
+func (m *Manager) ReplaceTask(ctx context.Context, id string, restore RestoreFunc) (Sandbox, error) {
+	m.mu.Lock()
+	sb, ok := m.leased[id]
+	m.mu.Unlock()
+	if !ok {
+		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	if err := m.rt.replaceTask(ctx, sb.inst, restore); err != nil {
+		return Sandbox{}, fmt.Errorf("replace task of sandbox %q: %w", id, err)
+	}
+	return m.Get(id)
+}
+
+// Template returns a pool's template.
+func (m *Manager) Template(name string) (Template, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, err := m.poolLocked(name)
+	if err != nil {
+		return Template{}, err
+	}
+	return p.t, nil
 }

@@ -3,8 +3,8 @@ package pool
 import (
 	"context"
 	"fmt"
-	"os"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -133,8 +133,28 @@ func (r *runtime) image(ctx context.Context, ref string) (containerd.Image, erro
 	return img, nil
 }
 
-// create makes a container for t, starts its task and waits until init answers.
-func (r *runtime) create(ctx context.Context, t *Template, cid string) (_ *instance, retErr error) {
+// RestoreFunc starts a task for an existing, task-less sandbox container from saved state (a
+// CRIU restore) instead of a fresh init. ioc receives the task's output.
+type RestoreFunc func(ctx context.Context, c containerd.Container, layout Layout, ioc cio.Creator) (containerd.Task, error)
+
+// freshTask starts a new task running the sandbox init.
+func freshTask(ctx context.Context, c containerd.Container, _ Layout, ioc cio.Creator) (containerd.Task, error) {
+	task, err := c.NewTask(ctx, ioc)
+	if err != nil {
+		return nil, fmt.Errorf("create task %s: %w", c.ID(), err)
+	}
+	if err := task.Start(ctx); err != nil {
+		return nil, fmt.Errorf("start task %s: %w", c.ID(), err)
+	}
+	return task, nil
+}
+
+// create makes a container for t, starts its task (with start, or a fresh init when nil) and
+// waits until init answers.
+func (r *runtime) create(ctx context.Context, t *Template, cid string, start RestoreFunc) (_ *instance, retErr error) {
+	if start == nil {
+		start = freshTask
+	}
 	img, err := r.image(ctx, t.Image)
 	if err != nil {
 		return nil, err
@@ -165,18 +185,36 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string) (_ *insta
 	if inst.layout, err = r.layoutOf(ctx, c); err != nil {
 		return nil, err
 	}
-	task, err := c.NewTask(ctx, cio.LogFile(filepath.Join(r.containerDir(cid), "init.log")))
+	task, err := start(ctx, c, inst.layout, r.initLog(cid))
 	if err != nil {
-		return nil, fmt.Errorf("create task %s: %w", cid, err)
-	}
-	if err := task.Start(ctx); err != nil {
-		return nil, fmt.Errorf("start task %s: %w", cid, err)
+		return nil, err
 	}
 	inst.pid = task.Pid()
 	if err := r.waitInit(ctx, inst); err != nil {
 		return nil, err
 	}
 	return inst, nil
+}
+
+func (r *runtime) initLog(cid string) cio.Creator {
+	return cio.LogFile(filepath.Join(r.containerDir(cid), "init.log"))
+}
+
+// replaceTask kills a sandbox's task and starts a new one with start (an in-place restore).
+func (r *runtime) replaceTask(ctx context.Context, inst *instance, start RestoreFunc) error {
+	c, err := r.client.LoadContainer(ctx, inst.cid)
+	if err != nil {
+		return fmt.Errorf("load container %s: %w", inst.cid, err)
+	}
+	if err := killTask(ctx, c); err != nil {
+		return err
+	}
+	task, err := start(ctx, c, inst.layout, r.initLog(inst.cid))
+	if err != nil {
+		return err
+	}
+	inst.pid = task.Pid()
+	return r.waitInit(ctx, inst)
 }
 
 func (r *runtime) waitInit(ctx context.Context, inst *instance) error {

@@ -19,6 +19,8 @@ type Lease struct {
 	Env      []string          `json:"env,omitempty"`
 	Labels   map[string]string `json:"labels,omitempty"`
 	LeasedAt time.Time         `json:"leased_at"`
+	// EgressPolicy overrides the template's egress policy for this lease (YAML).
+	EgressPolicy string `json:"egress_policy,omitempty"`
 }
 
 // record is what survives a daemon restart about one sandbox container.

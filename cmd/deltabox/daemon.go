@@ -104,6 +104,7 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 		Root: cfg.Root, ContainerdAddress: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI, InitBinary: initBinary,
 		Metrics: registry, Retain: cfg.Checkpoints.Retain, Network: netOpts,
+		Egress: orchestrator.EgressOptions{UpstreamCAFile: cfg.Egress.UpstreamCAFile, BodyLimit: cfg.Egress.BodyLimit},
 	})
 	if err != nil {
 		return err

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -64,12 +63,8 @@ func poolCreate(c *cli.Context) error {
 			return usageError{err}
 		}
 	}
-	if f := c.String("egress-policy"); f != "" {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			return fmt.Errorf("read egress policy: %w", err)
-		}
-		t.EgressPolicy = string(data)
+	if t.EgressPolicy, err = readOptionalFile(c.String("egress-policy")); err != nil {
+		return err
 	}
 	p, err := newClient(c).CreatePool(c.Context, t)
 	if err != nil {

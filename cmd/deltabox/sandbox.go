@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -20,6 +21,7 @@ func leaseCommand() *cli.Command {
 			&cli.StringFlag{Name: "pool", Required: true, Usage: "pool to lease from"},
 			&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "K=V for this lease (repeatable)"},
 			&cli.StringSliceFlag{Name: "label", Usage: "K=V label for this lease (repeatable)"},
+			&cli.StringFlag{Name: "egress-policy", Usage: "egress policy YAML file for this lease (overrides the pool's)"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := exactArgs(c, 0, ""); err != nil {
@@ -29,7 +31,11 @@ func leaseCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			l, err := newClient(c).Lease(c.Context, c.String("pool"), api.LeaseRequest{Env: c.StringSlice("env"), Labels: labels})
+			policy, err := readOptionalFile(c.String("egress-policy"))
+			if err != nil {
+				return err
+			}
+			l, err := newClient(c).Lease(c.Context, c.String("pool"), api.LeaseRequest{Env: c.StringSlice("env"), Labels: labels, EgressPolicy: policy})
 			if err != nil {
 				return err
 			}
@@ -108,4 +114,16 @@ func printSandbox(w io.Writer, s api.Sandbox) {
 	for _, k := range keys {
 		fmt.Fprintf(tw, "Label:\t%s=%s\n", k, s.Labels[k])
 	}
+}
+
+// readOptionalFile returns the content of path, or "" when path is empty.
+func readOptionalFile(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	return string(data), nil
 }

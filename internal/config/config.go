@@ -30,6 +30,13 @@ type Config struct {
 	Metrics     Metrics     `toml:"metrics"`
 	Checkpoints Checkpoints `toml:"checkpoints"`
 	Network     Network     `toml:"network"`
+	Egress      Egress      `toml:"egress"`
+}
+
+// Egress configures the egress proxy.
+type Egress struct {
+	UpstreamCAFile string `toml:"upstream_ca_file"`
+	BodyLimit      int64  `toml:"body_limit"`
 }
 
 // Network configures sandbox networking and the egress proxy's ports.

@@ -23,8 +23,9 @@ type ScaleRequest struct {
 
 // LeaseRequest is the body of POST /v1/pools/{name}/lease.
 type LeaseRequest struct {
-	Env    []string          `json:"env,omitempty"`
-	Labels map[string]string `json:"labels,omitempty"`
+	Env          []string          `json:"env,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	EgressPolicy string            `json:"egress_policy,omitempty"` // YAML; overrides the pool's
 }
 
 // Lease is the answer to a lease.

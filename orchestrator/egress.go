@@ -1,0 +1,173 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/pool"
+	"github.com/deltabox/deltabox/pool/network"
+	"github.com/deltabox/deltabox/proxy"
+)
+
+// caPath is where every sandbox finds the node CA the egress proxy signs with.
+const caPath = "/.deltabox/ca.pem"
+
+// EgressOptions configure the egress proxy (used only with sandbox networking).
+type EgressOptions struct {
+	UpstreamCAFile string // extra PEM roots for verifying upstreams (e.g. a local test CA)
+	BodyLimit      int64  // largest request body journaled for a held effect
+}
+
+// startEgress starts the proxy on the sandbox network's gateway: the forward port and the two
+// transparent ports the firewall redirects plain TCP 80/443 to.
+func (o *Orchestrator) startEgress(ctx context.Context, nopts network.Options) error {
+	opts := []proxy.Option{proxy.WithStateDir(filepath.Join(o.opts.Root, "proxy"))}
+	if o.opts.Metrics != nil {
+		opts = append(opts, proxy.WithRegisterer(o.opts.Metrics))
+	}
+	if f := o.opts.Egress.UpstreamCAFile; f != "" {
+		pem, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("egress upstream CA: %w", err)
+		}
+		opts = append(opts, proxy.WithUpstreamRootsPEM(pem))
+	}
+	if n := o.opts.Egress.BodyLimit; n > 0 {
+		opts = append(opts, proxy.WithBodyLimit(n))
+	}
+	p, err := proxy.New(opts...)
+	if err != nil {
+		return fmt.Errorf("egress proxy: %w", err)
+	}
+	if err := p.ResumeCommits(ctx); err != nil {
+		log.L(ctx).Error("resume interrupted commits", "error", err)
+	}
+	gw := o.net.Gateway()
+	if err := o.listenEgress(ctx, p, gw, nopts); err != nil {
+		p.Close()
+		return err
+	}
+	o.proxy = p
+	o.effects = proxyEffects{p: p}
+	return os.WriteFile(filepath.Join(o.opts.Root, "proxy", "ca.pem"), p.CACertPEM(), 0o644)
+}
+
+func (o *Orchestrator) listenEgress(ctx context.Context, p *proxy.Proxy, gw netip.Addr, n network.Options) error {
+	type port struct {
+		n     uint16
+		serve func(context.Context, net.Listener) error
+	}
+	for _, pt := range []port{{n.ProxyPort, p.Serve}, {n.TransparentHTTPPort, p.ServeTransparent}, {n.TransparentHTTPSPort, p.ServeTransparent}} {
+		if pt.n == 0 {
+			continue
+		}
+		l, err := net.Listen("tcp", netip.AddrPortFrom(gw, pt.n).String())
+		if err != nil {
+			return fmt.Errorf("egress proxy listener: %w", err)
+		}
+		o.closers = append(o.closers, l.Close)
+		go pt.serve(ctx, l)
+	}
+	return nil
+}
+
+// sandboxSpec adds what every sandbox container needs from the orchestrator: the node CA (and
+// the variables that make clients trust it) and the CRIU configuration file.
+func (o *Orchestrator) sandboxSpec(cid, dir string) ([]oci.SpecOpts, error) {
+	opts, err := o.criuSpec(cid, dir)
+	if err != nil || o.proxy == nil {
+		return opts, err
+	}
+	ca := filepath.Join(o.opts.Root, "proxy", "ca.pem")
+	return append(opts,
+		oci.WithMounts([]specs.Mount{{Destination: caPath, Type: "bind", Source: ca, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}}),
+		oci.WithEnv([]string{"SSL_CERT_FILE=" + caPath, "REQUESTS_CA_BUNDLE=" + caPath, "NODE_EXTRA_CA_CERTS=" + caPath, "CURL_CA_BUNDLE=" + caPath}),
+	), nil
+}
+
+// registerEgress tells the proxy which sandbox speaks from which address, with its policy.
+func (o *Orchestrator) registerEgress(ctx context.Context, sb pool.Sandbox) error {
+	if o.proxy == nil || sb.IP == "" {
+		return nil
+	}
+	ip, err := netip.ParseAddr(sb.IP)
+	if err != nil {
+		return err
+	}
+	var policy *proxy.Policy
+	if sb.EgressPolicy != "" {
+		if policy, err = proxy.ParsePolicy([]byte(sb.EgressPolicy)); err != nil {
+			return err
+		}
+	}
+	return o.proxy.RegisterSandbox(ip, proxy.SandboxConfig{ID: sb.ID, Policy: policy})
+}
+
+func (o *Orchestrator) unregisterEgress(sb pool.Sandbox) {
+	if o.proxy == nil || sb.IP == "" {
+		return
+	}
+	if ip, err := netip.ParseAddr(sb.IP); err == nil {
+		o.proxy.UnregisterSandbox(ip)
+	}
+}
+
+// ValidatePolicy checks an egress policy document.
+func ValidatePolicy(doc string) error {
+	if doc == "" {
+		return nil
+	}
+	_, err := proxy.ParsePolicy([]byte(doc))
+	return err
+}
+
+// proxyEffects adapts the egress proxy to the checkpoint protocol's Effects.
+type proxyEffects struct{ p *proxy.Proxy }
+
+func (e proxyEffects) SetCheckpoint(sandbox, ckpt string) {
+	if err := e.p.SetCheckpoint(context.Background(), sandbox, ckpt); err != nil {
+		log.L(context.Background()).Error("tag effects with checkpoint", "sandbox", sandbox, "checkpoint", ckpt, "error", err)
+	}
+}
+
+func (e proxyEffects) Watermark(sandbox string) uint64 { return e.p.Watermark(sandbox) }
+
+func (e proxyEffects) Rollback(ctx context.Context, sandbox string, wm uint64) (int, error) {
+	dropped, compensated, err := e.p.Rollback(ctx, sandbox, wm)
+	if compensated > 0 {
+		log.L(ctx).Info("effects compensated", "sandbox", sandbox, "count", compensated)
+	}
+	return dropped + compensated, err
+}
+
+func (e proxyEffects) Commit(ctx context.Context, sandbox string) (int, int, error) {
+	res, err := e.p.Commit(ctx, sandbox)
+	return res.Released, res.Failed, err
+}
+
+func (e proxyEffects) List(sandbox string, from, to uint64) []api.Effect {
+	var out []api.Effect
+	for _, x := range e.p.Effects(sandbox) {
+		if x.Seq <= from || (to != 0 && x.Seq > to) {
+			continue
+		}
+		out = append(out, api.Effect{ID: x.ID, Seq: x.Seq, Checkpoint: x.Checkpoint, Method: x.Method, URL: x.URL,
+			Status: string(x.Status), ResponseStatus: x.ResponseStatus, Attempts: x.Attempts, Created: x.Created})
+	}
+	return out
+}
+
+func (e proxyEffects) Forget(sandbox string) {
+	if err := e.p.RemoveSandbox(sandbox); err != nil {
+		log.L(context.Background()).Warn("remove effect journal", "sandbox", sandbox, "error", err)
+	}
+}
