@@ -28,10 +28,12 @@ type plan struct {
 	rawUpper    bool            // writing an upper dir directly (export): whiteouts and opaque flags are literal
 }
 
-// planned is one entry to create (or, with fix, an existing directory to re-attribute).
+// planned is one entry to create (or, with fix, an existing directory to re-attribute; with
+// rewrite, an existing single-link regular file to restore in place).
 type planned struct {
-	e   *Entry
-	fix bool
+	e       *Entry
+	fix     bool
+	rewrite bool
 }
 
 // source is where a restored file's content comes from.
@@ -116,6 +118,11 @@ func (pl *plan) decide(v *view, fds rollbackRoots, p string) ([]string, *Entry, 
 	if want != nil && want.Kind == KindDir && haveDir {
 		return pl.decideDir(v, fds, p, want, have)
 	}
+	if want != nil && rewritable(want, have) {
+		pl.items = append(pl.items, &planned{e: want, rewrite: true})
+		pl.done = append(pl.done, p)
+		return nil, want, nil
+	}
 	if have != nil {
 		pl.remove = append(pl.remove, p)
 		if haveDir {
@@ -136,6 +143,13 @@ func (pl *plan) decide(v *view, fds rollbackRoots, p string) ([]string, *Entry, 
 	pl.dirTimes = append(pl.dirTimes, want)
 	names, err := v.childNames(p)
 	return prefixAll(p, names), want, err
+}
+
+// rewritable says whether the file want can be restored by rewriting what is there in place:
+// a regular file with no other link, and no hard-link group to rebuild.
+func rewritable(want *Entry, have *unix.Stat_t) bool {
+	return want.Kind == KindFile && want.Link == "" && have != nil &&
+		have.Mode&unix.S_IFMT == unix.S_IFREG && have.Nlink == 1
 }
 
 // decideDir plans a directory that exists in both trees: its attributes are restored, and if
