@@ -20,8 +20,10 @@ import json
 import os
 import random
 import socket
+import socketserver
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 WORK = "/work"
@@ -68,7 +70,11 @@ def http_call(method, path, body=None):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(api_url() + path, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    # The in-sandbox stub is reached directly; anything else goes through HTTP_PROXY (the
+    # egress proxy, which holds the POSTs until the step commits).
+    local = urllib.parse.urlsplit(api_url()).hostname in ("127.0.0.1", "localhost")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({})) if local else urllib.request.build_opener()
+    with opener.open(req, timeout=10) as resp:
         return json.loads(resp.read() or b"null")
 
 
@@ -108,7 +114,7 @@ def cmd_plan():
 def cmd_research():
     rng = dice()
     maybe_fail(rng, "research")
-    found = http_call("GET", "/search?q=" + urllib.request.quote(os.environ.get("TASK_QUESTION", "x")))
+    found = http_call("GET", "/search?q=" + urllib.parse.quote(os.environ.get("TASK_QUESTION", "x")))
     write("research.json", json.dumps(found))
     say("tool", f"GET /search: {len(found.get('results', []))} results")
 
@@ -163,8 +169,16 @@ class StubAPI(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class StubServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    """http.server.HTTPServer without its reverse DNS lookup of the bind address (getfqdn),
+    which would wait for a name server the sandbox cannot (and must not) reach."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+
+
 def cmd_serve():
-    http.server.ThreadingHTTPServer(("127.0.0.1", STUB_PORT), StubAPI).serve_forever()
+    StubServer(("127.0.0.1", STUB_PORT), StubAPI).serve_forever()
 
 
 def cmd_wait_api():
