@@ -11,8 +11,11 @@ CONTAINERD="${DELTABOX_CONTAINERD_ADDRESS:?run through make demo}"
 WORK="$(mktemp -d /tmp/deltabox-demo.XXXXXX)"
 SOCK="${WORK}/deltabox.sock"
 DAEMON_PID=""
+UPSTREAM_PID=""
+UPSTREAM_PORT=18089
 
 cleanup() {
+	[[ -n ${UPSTREAM_PID} ]] && kill "${UPSTREAM_PID}" 2>/dev/null || true
 	if [[ -n ${DAEMON_PID} ]]; then
 		"${BIN}" --address "${SOCK}" pool rm demo --force >/dev/null 2>&1 || true
 		kill -TERM "${DAEMON_PID}" 2>/dev/null || true
@@ -26,14 +29,41 @@ db() { "${BIN}" --address "${SOCK}" "$@"; }
 show() { printf '\n$ deltabox %s\n' "$*"; db "$@"; }
 
 step daemon "start deltabox daemon (state root ${WORK}/root, log ${WORK}/daemon.log)"
-"${BIN}" daemon --root "${WORK}/root" --address "${SOCK}" --containerd-address "${CONTAINERD}" \
-	>"${WORK}/daemon.log" 2>&1 &
+# The demo's sandbox network has its own bridge and subnet, so it never meets a real daemon's.
+cat >"${WORK}/config.toml" <<TOML
+version = 1
+[network]
+name = "dbxdemo"
+bridge = "dbxdemo"
+subnet = "10.217.0.0/24"
+TOML
+"${BIN}" daemon --config "${WORK}/config.toml" --root "${WORK}/root" --address "${SOCK}" \
+	--containerd-address "${CONTAINERD}" >"${WORK}/daemon.log" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 1 100); do db info >/dev/null 2>&1 && break; sleep 0.1; done
+db info >/dev/null 2>&1 || die "daemon did not start: $(tail -5 "${WORK}/daemon.log")"
 show info
 
+step upstream "a local HTTP API on the host's loopback (port ${UPSTREAM_PORT}), reachable only through the egress proxy"
+python3 "${HACK_DIR}/demo/upstream.py" "${UPSTREAM_PORT}" &
+UPSTREAM_PID=$!
+cat >"${WORK}/policy.yaml" <<YAML
+version: 1
+default: deny
+rules:
+  - host: 127.0.0.1
+    ports: [${UPSTREAM_PORT}]
+    methods: [GET, HEAD]
+    action: pass
+  - host: 127.0.0.1
+    ports: [${UPSTREAM_PORT}]
+    methods: [POST, PUT, PATCH, DELETE]
+    action: hold
+YAML
+cat "${WORK}/policy.yaml"
+
 step pool "a warm pool of the python image"
-show pool create demo --image deltabox.local/python:3 --min-ready 2 --memory 256m --pids 128
+show pool create demo --image deltabox.local/python:3 --min-ready 2 --memory 256m --pids 128 --egress-policy "${WORK}/policy.yaml"
 for _ in $(seq 1 300); do
 	[[ $(db -o json pool ls | grep -c '"ready": 2') -ge 1 ]] && break
 	sleep 0.1
@@ -41,8 +71,9 @@ done
 show pool ls
 
 step lease "lease a sandbox and run commands in it"
-ID=$(db lease --pool demo --env GREETING=hello)
-printf '\n$ deltabox lease --pool demo --env GREETING=hello\n%s\n' "${ID}"
+# NO_PROXY is cleared so that 127.0.0.1 means the host's API (through the proxy), not the sandbox.
+ID=$(db lease --pool demo --env GREETING=hello --env NO_PROXY= --env no_proxy=)
+printf '\n$ deltabox lease --pool demo --env GREETING=hello --env NO_PROXY= --env no_proxy=\n%s\n' "${ID}"
 show exec "${ID}" -- python3 -c 'import os, platform; print(os.environ["GREETING"], "from python", platform.python_version())'
 echo 'print(sum(range(10)))' >"${WORK}/script.py"
 show cp "${WORK}/script.py" "${ID}:/tmp/script.py"
@@ -61,6 +92,19 @@ show rollback "${ID}"
 show exec "${ID}" -- sh -c 'cat /work/summary.txt; ls /work; test -e /etc/os-release && echo "/etc/os-release is back"'
 show state get "${ID}"
 show checkpoint ls "${ID}"
+
+step effects "outbound calls: GET passes, POST is held; a rollback drops it, a commit sends it once"
+API="http://127.0.0.1:${UPSTREAM_PORT}"
+show checkpoint create "${ID}" -m "before calling the API"
+show exec "${ID}" -- curl -sS "${API}/data"
+show exec "${ID}" -- curl -sS -X POST -d '{"item":"book"}' "${API}/orders"
+show effects ls "${ID}"
+printf '\nupstream before rollback: %s\n' "$(curl -sS "${API}/count")"
+show rollback "${ID}"
+show exec "${ID}" -- curl -sS -X POST -d '{"item":"book"}' "${API}/orders"
+show commit "${ID}"
+show effects ls "${ID}"
+printf '\nupstream after commit: %s\n' "$(curl -sS "${API}/count")"
 
 step release "release: the next lease starts clean"
 show release "${ID}"
