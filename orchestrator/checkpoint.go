@@ -23,7 +23,7 @@ func levelOf(l string) (overlay.Level, error) {
 	case api.LevelL2:
 		return overlay.L2, nil
 	case api.LevelL3:
-		return 0, fmt.Errorf("level l3 (process checkpoints) is not available yet: %w", errdefs.ErrFailedPrecondition)
+		return overlay.L2, nil // the files of an L3 checkpoint are a full copy
 	}
 	return 0, fmt.Errorf("checkpoint level %q: want l1, l2 or l3: %w", l, errdefs.ErrInvalidArgument)
 }
@@ -56,7 +56,11 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	if l := s.latest(); l != nil {
 		rec.Parent = l.ID
 	}
-	frozen, err := o.cut(ctx, s, level, &rec)
+	cut := o.cut
+	if rec.Level == api.LevelL3 {
+		cut = o.cutL3
+	}
+	frozen, err := cut(ctx, s, level, &rec)
 	if err != nil {
 		return api.Checkpoint{}, err
 	}
@@ -82,21 +86,30 @@ func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level,
 	}
 	frozenAt := time.Now()
 	defer o.thaw(ctx, s)
-	res, err := s.fs.Capture(ctx, overlay.CaptureRequest{ID: rec.ID, Parent: rec.Parent, Level: level,
-		Upper: s.sb.Layout.Upper, Lower: s.sb.Layout.Lower})
-	if err != nil {
-		return 0, fmt.Errorf("capture files of %s: %w", s.id, err)
-	}
-	rec.FilesChanged, rec.Bytes = res.FilesChanged, res.BytesCopied
-	rec.StateSeq, rec.EffectsWatermark = s.state.Seq(), o.effects.Watermark(s.id)
-	if rec.Procs, err = s.frz.Procs(); err != nil {
-		_ = s.fs.Delete(context.WithoutCancel(ctx), rec.ID)
+	if err := o.capture(ctx, s, level, rec); err != nil {
 		return 0, err
 	}
 	if err := o.thaw(ctx, s); err != nil {
 		return 0, err
 	}
 	return time.Since(frozenAt), nil
+}
+
+// capture records a frozen sandbox into rec: its files, state sequence number, effect
+// watermark and processes.
+func (o *Orchestrator) capture(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) error {
+	res, err := s.fs.Capture(ctx, overlay.CaptureRequest{ID: rec.ID, Parent: rec.Parent, Level: level,
+		Upper: s.sb.Layout.Upper, Lower: s.sb.Layout.Lower})
+	if err != nil {
+		return fmt.Errorf("capture files of %s: %w", s.id, err)
+	}
+	rec.FilesChanged, rec.Bytes = res.FilesChanged, res.BytesCopied
+	rec.StateSeq, rec.EffectsWatermark = s.state.Seq(), o.effects.Watermark(s.id)
+	if rec.Procs, err = s.frz.Procs(); err != nil {
+		_ = s.fs.Delete(context.WithoutCancel(ctx), rec.ID)
+		return err
+	}
+	return nil
 }
 
 // thaw thaws the sandbox with a context that survives the request's cancellation.
@@ -118,6 +131,7 @@ func (o *Orchestrator) retain(ctx context.Context, s *session) {
 			return
 		}
 		_ = s.rec.remove(victim.ID)
+		removeImages(victim)
 		s.ckpts = append(s.ckpts[:1], s.ckpts[2:]...)
 		if err := s.state.Compact(ctx, s.ckpts[1].StateSeq); err != nil {
 			log.L(ctx).Warn("retention: compact state", "sandbox", s.id, "error", err)

@@ -1,12 +1,27 @@
 package orchestrator
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
 	"path/filepath"
+	"syscall"
+	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/criu"
+	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/overlay"
+	"github.com/deltabox/deltabox/pool"
 )
+
+// stateFile is the agent state document saved next to an L3 checkpoint's CRIU images.
+const stateFile = "state.json"
 
 // criuSpec writes a sandbox's CRIU configuration file (tcp-established for in-place restores,
 // file-locks so that processes holding locks can be dumped) and names it on the spec: the
@@ -17,4 +32,94 @@ func (o *Orchestrator) criuSpec(cid, dir string) ([]oci.SpecOpts, error) {
 		return nil, err
 	}
 	return []oci.SpecOpts{criu.WithConfig(path)}, nil
+}
+
+// cutL3 is the frozen window of an L3 checkpoint: CRIU dumps the frozen processes (they stay
+// frozen and keep running afterwards), the upper dir is captured in full while still frozen
+// (CRIU checks file sizes on restore), the state document is saved, then the sandbox thaws.
+func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, error) {
+	if !o.criu.Available {
+		return 0, fmt.Errorf("L3 checkpoints are unavailable on this node: %s: %w", o.criu.Reason, errdefs.ErrFailedPrecondition)
+	}
+	dir := filepath.Join(s.dir, "l3", rec.ID)
+	if err := os.RemoveAll(dir); err != nil {
+		return 0, err
+	}
+	// containerd's checkpoint expects a task it paused itself (runc pause), not a cgroup frozen
+	// behind its back; the resume runs even if the request is cancelled.
+	if err := o.pools.Pause(ctx, s.id); err != nil {
+		return 0, fmt.Errorf("pause %s: %w", s.id, err)
+	}
+	frozenAt := time.Now()
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if err := o.pools.Resume(rctx, s.id); err != nil {
+			log.L(ctx).Error("resume sandbox after L3 dump", "sandbox", s.id, "error", err)
+		}
+	}()
+	dump, err := o.l3.Dump(ctx, s.sb.Container, filepath.Join(dir, "images"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return 0, fmt.Errorf("dump processes of %s: %w", s.id, err)
+	}
+	rec.Images = dir
+	if err := o.capture(ctx, s, level, rec); err != nil { // files, state seq, watermark, procs
+		os.RemoveAll(dir)
+		return 0, err
+	}
+	rec.Bytes += dump.Size
+	doc, err := s.state.Get("")
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, stateFile), doc, 0o600)
+	}
+	if err != nil {
+		_ = s.fs.Delete(context.WithoutCancel(ctx), rec.ID)
+		os.RemoveAll(dir)
+		return 0, err
+	}
+	log.L(ctx).Info("processes dumped", "sandbox", s.id, "checkpoint", rec.ID, "dump_ms", ms(dump.Duration),
+		"criu_frozen_ms", ms(dump.Stats.Frozen), "bytes", dump.Size)
+	return time.Since(frozenAt), nil
+}
+
+// removeImages deletes an L3 checkpoint's CRIU images.
+func removeImages(c ckptRecord) {
+	if c.Images != "" {
+		_ = os.RemoveAll(c.Images)
+	}
+}
+
+// restoreProcesses finishes an in-place rollback to an L3 checkpoint: files, state and effects
+// are back at the checkpoint and the sandbox is frozen; every process is killed and the task is
+// restored from the checkpoint's CRIU images under the same ID and network identity.
+func (o *Orchestrator) restoreProcesses(ctx context.Context, s *session, target ckptRecord) error {
+	procs, err := s.frz.Procs()
+	if err != nil {
+		return err
+	}
+	for _, p := range procs {
+		_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+	}
+	if err := o.thaw(ctx, s); err != nil {
+		return err
+	}
+	images := filepath.Join(target.Images, "images")
+	sb, err := o.pools.ReplaceTask(ctx, s.id, func(ctx context.Context, c containerd.Container, _ pool.Layout, ioc cio.Creator) (containerd.Task, error) {
+		return o.l3.Restore(ctx, c.ID(), images, ioc)
+	})
+	if err != nil {
+		return fmt.Errorf("restore processes of checkpoint %s: %w", target.ID, err)
+	}
+	s.sb = sb
+	return nil
+}
+
+// savedState reads the state document saved with an L3 checkpoint.
+func savedState(dir string) (json.RawMessage, error) {
+	data, err := os.ReadFile(filepath.Join(dir, stateFile))
+	if err != nil {
+		return nil, fmt.Errorf("state of L3 checkpoint: %w", err)
+	}
+	return data, nil
 }

@@ -115,8 +115,11 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	o.l3 = criu.New(o.client, criu.WithStatus(o.criu), criu.WithCRIUPath(o.opts.CRIUPath),
-		criu.WithWorkRoot(filepath.Join(o.opts.Root, "criu-work")))
+	work := filepath.Join(o.opts.Root, "criu-work")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return err
+	}
+	o.l3 = criu.New(o.client, criu.WithStatus(o.criu), criu.WithCRIUPath(o.opts.CRIUPath), criu.WithWorkRoot(work))
 	popts := pool.Options{
 		Root: filepath.Join(o.opts.Root, "pool"), InitBinary: initBin, Node: o.node, Metrics: o.opts.Metrics,
 		Reset: o.resetFiles, SpecOpts: o.sandboxSpec,

@@ -19,7 +19,8 @@ import (
 // ckptRecord is a checkpoint as stored on disk: the API view plus what rollback needs.
 type ckptRecord struct {
 	api.Checkpoint
-	Procs []pool.Proc `json:"procs"` // the sandbox's processes at the cut
+	Procs  []pool.Proc `json:"procs"`            // the sandbox's processes at the cut
+	Images string      `json:"images,omitempty"` // L3: directory of the CRIU images and state.json
 }
 
 // sessionMeta is the per-sandbox record that outlives individual checkpoints.

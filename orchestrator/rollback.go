@@ -37,6 +37,7 @@ func (o *Orchestrator) Rollback(ctx context.Context, id string, req api.Rollback
 	}
 	for _, c := range s.ckpts[i+1:] {
 		_ = s.rec.remove(c.ID)
+		removeImages(c)
 	}
 	s.ckpts = s.ckpts[:i+1]
 	o.effects.SetCheckpoint(s.id, target.ID)
@@ -90,6 +91,9 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, target ckptRecord, 
 	}
 	if res.EffectsDropped, err = o.effects.Rollback(ctx, s.id, target.EffectsWatermark); err != nil {
 		return 0, fmt.Errorf("files and state restored, but dropping effects failed: %w", err)
+	}
+	if target.Level == api.LevelL3 {
+		return time.Since(frozenAt), o.restoreProcesses(ctx, s, target)
 	}
 	if err := o.thaw(ctx, s); err != nil {
 		return 0, err

@@ -2,7 +2,9 @@ package pool
 
 import (
 	"context"
+
 	"fmt"
+	containerd "github.com/containerd/containerd/v2/client"
 	"maps"
 	"sort"
 	"time"
@@ -260,4 +262,32 @@ func (m *Manager) Template(name string) (Template, error) {
 		return Template{}, err
 	}
 	return p.t, nil
+}
+
+// Pause freezes a leased sandbox through containerd (runc pause), so that runtime operations
+// that expect a paused task, such as a CRIU dump, see it paused. The checkpoint hot path
+// freezes the cgroup directly instead (Freezer), which is faster.
+func (m *Manager) Pause(ctx context.Context, id string) error {
+	return m.withTask(ctx, id, func(t containerd.Task) error { return t.Pause(ctx) })
+}
+
+// Resume undoes Pause.
+func (m *Manager) Resume(ctx context.Context, id string) error {
+	return m.withTask(ctx, id, func(t containerd.Task) error { return t.Resume(ctx) })
+}
+
+func (m *Manager) withTask(ctx context.Context, id string, fn func(containerd.Task) error) error {
+	sb, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	c, err := m.rt.client.LoadContainer(ctx, sb.Container)
+	if err != nil {
+		return fmt.Errorf("load container of %q: %w", id, err)
+	}
+	t, err := c.Task(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("task of %q: %w", id, err)
+	}
+	return fn(t)
 }
