@@ -23,6 +23,7 @@ func (s *Store) Capture(ctx context.Context, req CaptureRequest) (*CaptureResult
 	start := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.prepareTemp()
 	if err := s.checkCapture(req); err != nil {
 		return nil, fmt.Errorf("capture %s: %w", req.ID, err)
 	}
@@ -83,10 +84,11 @@ func (s *Store) writeCheckpoint(rootfd int, req CaptureRequest, full bool, res *
 			applyPending(m.Index, s.pending.Index)
 		}
 	}
-	pw, err := newPackWriter(s.dir, s.opts.reflink, s.opts.sync)
+	f, err := s.tempFile()
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, fmt.Errorf("create pack: %w", err)
 	}
+	pw := newPackWriter(f, s.opts.reflink, s.opts.sync)
 	copied, err := s.addEntries(pw, rootfd, m, res)
 	if err == nil && full {
 		s.addUnchangedKeys(m, res)

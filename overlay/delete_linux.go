@@ -19,6 +19,7 @@ import (
 func (s *Store) Delete(ctx context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.prepareTemp()
 	pos, err := s.lookup(id)
 	if err != nil {
 		return fmt.Errorf("delete checkpoint: %w", err)
@@ -54,10 +55,11 @@ func (s *Store) deleteLatest(pos int) error {
 func (s *Store) deleteInner(pos int) error {
 	old, next := s.chain[pos], s.chain[pos+1]
 	m := mergeManifests(old, next)
-	pw, err := newPackWriter(s.dir, s.opts.reflink, s.opts.sync)
+	f, err := s.tempFile()
 	if err != nil {
-		return err
+		return fmt.Errorf("create pack: %w", err)
 	}
+	pw := newPackWriter(f, s.opts.reflink, s.opts.sync)
 	if err := s.copyContents(pw, m); err != nil {
 		pw.abort()
 		return err

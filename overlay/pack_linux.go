@@ -54,13 +54,9 @@ type packWriter struct {
 	done    bool
 }
 
-// newPackWriter creates a temp pack file in dir.
-func newPackWriter(dir string, reflink, sync bool) (*packWriter, error) {
-	f, err := os.CreateTemp(dir, tempPrefix+"*")
-	if err != nil {
-		return nil, fmt.Errorf("create pack: %w", err)
-	}
-	return &packWriter{f: f, reflink: reflink, sync: sync}, nil
+// newPackWriter writes a pack into an empty temp file of the store dir.
+func newPackWriter(f *os.File, reflink, sync bool) *packWriter {
+	return &packWriter{f: f, reflink: reflink, sync: sync}
 }
 
 // addFrom copies size bytes of srcFd (from offset srcOff) into the pack and returns where.
@@ -250,24 +246,9 @@ func (m *manifest) validate() error {
 	return nil
 }
 
-// writeFileAtomic writes data to path via temp file, fsync, rename and dir fsync.
-func writeFileAtomic(path string, data []byte, sync bool) error {
-	if err := writeFileRenamed(path, data, sync); err != nil {
-		return err
-	}
-	if sync {
-		return syncDir(filepath.Dir(path))
-	}
-	return nil
-}
-
-// writeFileRenamed writes data to path via temp file, fdatasync and rename; the rename is
-// durable only after the caller fsyncs the directory.
-func writeFileRenamed(path string, data []byte, sync bool) error {
-	f, err := os.CreateTemp(filepath.Dir(path), tempPrefix+"*")
-	if err != nil {
-		return err
-	}
+// writeFileRenamed writes data to path through the empty temp file f (same directory),
+// fdatasync and rename; the rename is durable only after the caller fsyncs the directory.
+func writeFileRenamed(f *os.File, path string, data []byte, sync bool) error {
 	defer os.Remove(f.Name())
 	defer f.Close()
 	if _, err := f.Write(data); err != nil {

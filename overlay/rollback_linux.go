@@ -35,6 +35,7 @@ func (s *Store) Rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 	start := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.prepareTemp()
 	res, err := s.rollback(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("rollback to %s: %w", req.Target, err)
@@ -151,7 +152,11 @@ func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, targ
 	if err != nil {
 		return err
 	}
-	if err := writeFileRenamed(filepath.Join(s.dir, rollbackFile), data, s.opts.sync); err != nil {
+	f, err := s.tempFile()
+	if err != nil {
+		return fmt.Errorf("record rollback: %w", err)
+	}
+	if err := writeFileRenamed(f, filepath.Join(s.dir, rollbackFile), data, s.opts.sync); err != nil {
 		return fmt.Errorf("record rollback: %w", err)
 	}
 	s.pending = rec

@@ -31,6 +31,8 @@ type Store struct {
 	idx     *index              // upper dir as of the latest checkpoint or rollback
 	state   map[string]*Entry   // upper state at the latest checkpoint
 	pending *rollbackRecord     // rollback not yet absorbed by a capture
+	spare   chan *os.File       // an empty temp file made in the background (see tempFile)
+	bg      sync.WaitGroup      // background temp file creation
 }
 
 // Option configures a Store.
@@ -78,11 +80,12 @@ func NewStore(dir string, opts ...Option) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create layer store %s: %w", dir, err)
 	}
-	s := &Store{dir: dir, opts: o, packs: map[string]*os.File{}}
+	s := &Store{dir: dir, opts: o, packs: map[string]*os.File{}, spare: make(chan *os.File, 1)}
 	if err := s.load(); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open layer store %s: %w", dir, err)
 	}
+	s.prepareTemp()
 	return s, nil
 }
 
@@ -90,6 +93,7 @@ func NewStore(dir string, opts ...Option) (*Store, error) {
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.dropSpare()
 	for id, f := range s.packs {
 		f.Close()
 		delete(s.packs, id)
