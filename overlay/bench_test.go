@@ -19,13 +19,16 @@ import (
 
 // benchTree creates files spread over directories of 100 files in the upper dir (before the
 // first capture, through the merged mount).
-func benchTree(b testing.TB, f *fixture, files int) []string {
+func benchTree(b testing.TB, f *fixture, files int) []string { return benchTreeIn(b, f, files, 100) }
+
+// benchTreeIn creates files spread over directories of perDir files.
+func benchTreeIn(b testing.TB, f *fixture, files, perDir int) []string {
 	b.Helper()
 	var paths []string
 	content := make([]byte, 4096)
 	for i := 0; i < files; i++ {
-		p := filepath.Join(fmt.Sprintf("d%03d", i/100), fmt.Sprintf("f%05d", i))
-		if i%100 == 0 {
+		p := filepath.Join(fmt.Sprintf("d%03d", i/perDir), fmt.Sprintf("f%05d", i))
+		if i%perDir == 0 {
 			must(b, os.MkdirAll(f.m(filepath.Dir(p)), 0o755))
 		}
 		must(b, os.WriteFile(f.m(p), content, 0o644))
@@ -61,8 +64,12 @@ func (l latencies) report(b *testing.B) {
 }
 
 func benchCapture(b *testing.B, files, changed int, opts ...Option) {
+	benchCaptureIn(b, files, 100, changed, opts...)
+}
+
+func benchCaptureIn(b *testing.B, files, perDir, changed int, opts ...Option) {
 	f := newFixture(b, nil, opts...)
-	paths := benchTree(b, f, files)
+	paths := benchTreeIn(b, f, files, perDir)
 	f.capture(b, "base", L2)
 	var lat latencies
 	b.ResetTimer()
@@ -85,6 +92,10 @@ func BenchmarkCaptureL1(b *testing.B) { benchCapture(b, 5000, 10) }
 
 // BenchmarkCaptureL1NoSync is the same without fsync (the scan + copy cost alone).
 func BenchmarkCaptureL1NoSync(b *testing.B) { benchCapture(b, 5000, 10, WithoutSync()) }
+
+// BenchmarkCaptureFlat is the headline case with all 5,000 files in one directory, which the
+// scan splits into chunks across its workers.
+func BenchmarkCaptureFlat(b *testing.B) { benchCaptureIn(b, 5000, 5000, 10) }
 
 // BenchmarkCaptureChanged grows the number of changed files at a fixed 5k tree.
 func BenchmarkCaptureChanged(b *testing.B) {
