@@ -31,6 +31,7 @@ func (o *Orchestrator) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", o.copyFrom)
 	o.checkpointRoutes(mux, "/v1/sandboxes/{id}")
 	o.effectRoutes(mux)
+	o.snapshotRoutes(mux)
 }
 
 // checkpointRoutes registers the checkpoint and state routes under prefix; the per-sandbox

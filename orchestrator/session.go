@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -47,6 +48,11 @@ func (o *Orchestrator) sessionDir(id string) string {
 // background; users of the session wait for it. A fresh session's first checkpoint captures
 // the sandbox as leased.
 func (o *Orchestrator) startSession(ctx context.Context, sb pool.Sandbox) *session {
+	return o.startSessionWith(ctx, sb, nil)
+}
+
+// startSessionWith is startSession for a restored sandbox whose agent state starts as doc.
+func (o *Orchestrator) startSessionWith(ctx context.Context, sb pool.Sandbox, doc json.RawMessage) *session {
 	s := &session{id: sb.ID, sb: sb, dir: o.sessionDir(sb.ID), rec: records{dir: o.sessionDir(sb.ID)},
 		frz: pool.NewFreezer(sb.Layout.Cgroup), ready: make(chan struct{})}
 	o.mu.Lock()
@@ -55,14 +61,14 @@ func (o *Orchestrator) startSession(ctx context.Context, sb pool.Sandbox) *sessi
 	go func() {
 		defer close(s.ready)
 		ctx := log.With(context.WithoutCancel(ctx), "sandbox", sb.ID)
-		if s.openErr = o.openSession(ctx, s); s.openErr != nil {
+		if s.openErr = o.openSession(ctx, s, doc); s.openErr != nil {
 			log.L(ctx).Error("open sandbox session", "error", s.openErr)
 		}
 	}()
 	return s
 }
 
-func (o *Orchestrator) openSession(ctx context.Context, s *session) error {
+func (o *Orchestrator) openSession(ctx context.Context, s *session, doc json.RawMessage) error {
 	if err := s.frz.Thaw(); err != nil { // a crash may have left it frozen
 		return err
 	}
@@ -86,6 +92,9 @@ func (o *Orchestrator) openSession(ctx context.Context, s *session) error {
 		return err
 	}
 	if len(s.ckpts) == 0 {
+		if err := s.seedState(ctx, doc); err != nil {
+			return err
+		}
 		if _, err = o.checkpoint(ctx, s, api.CheckpointRequest{Level: api.LevelL1, Message: "lease"}); err != nil {
 			return err
 		}
@@ -191,4 +200,16 @@ func (o *Orchestrator) endSession(ctx context.Context, id string) {
 	if err := os.RemoveAll(s.dir); err != nil {
 		log.L(ctx).Warn("remove session dir", "sandbox", id, "error", err)
 	}
+}
+
+// seedState makes a fresh session's state document doc (a restored sandbox's).
+func (s *session) seedState(ctx context.Context, doc json.RawMessage) error {
+	if len(doc) == 0 || s.state.Seq() != 0 {
+		return nil
+	}
+	_, err := s.state.Patch(ctx, []state.Op{{Op: state.OpReplace, Path: "", Value: doc}}, state.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("restore agent state: %w", err)
+	}
+	return nil
 }

@@ -83,7 +83,7 @@ func commands() []*cli.Command {
 		versionCommand(), daemonCommand(), infoCommand(), configCommand(),
 		poolCommand(), leaseCommand(), releaseCommand(), lsCommand(), inspectCommand(),
 		execCommand(), cpCommand(), checkpointCommand(), rollbackCommand(), commitCommand(),
-		diffCommand(), stateCommand(), verifyCommand(), effectsCommand(), docsCommand(),
+		diffCommand(), stateCommand(), verifyCommand(), effectsCommand(), snapshotCommand(), restoreCommand(), forkCommand(), docsCommand(),
 		runCommand(),
 	}
 }

@@ -94,3 +94,65 @@ func (c *Client) Effect(ctx context.Context, id, effect string) (api.Effect, err
 	var e api.Effect
 	return e, c.do(ctx, http.MethodGet, sandboxPath(id, "/effects/"+url.PathEscape(effect)), nil, &e)
 }
+
+// stream posts a JSON body and reads a JSON-lines answer: progress goes to onProgress, the
+// final event is returned (an error event as an error).
+func (c *Client) stream(ctx context.Context, path string, body any, onProgress func(api.Progress)) (api.StreamEvent, error) {
+	resp, err := c.send(ctx, http.MethodPost, path, body)
+	if err != nil {
+		return api.StreamEvent{}, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev api.StreamEvent
+		if err := dec.Decode(&ev); err != nil {
+			return ev, fmt.Errorf("stream ended without a result: %w", err)
+		}
+		switch {
+		case ev.Error != nil:
+			return ev, api.ToError(*ev.Error)
+		case ev.Progress != nil:
+			if onProgress != nil {
+				onProgress(*ev.Progress)
+			}
+		default:
+			return ev, nil
+		}
+	}
+}
+
+// SnapshotPush takes an L3 checkpoint and uploads it as a snapshot.
+func (c *Client) SnapshotPush(ctx context.Context, id, to string, onProgress func(api.Progress)) (api.Snapshot, error) {
+	ev, err := c.stream(ctx, sandboxPath(id, "/snapshots"), api.SnapshotRequest{To: to}, onProgress)
+	if err != nil || ev.Snapshot == nil {
+		return api.Snapshot{}, err
+	}
+	return *ev.Snapshot, nil
+}
+
+// Fork snapshots a sandbox once and restores it count times.
+func (c *Client) Fork(ctx context.Context, id, to string, count int, onProgress func(api.Progress)) ([]api.Lease, error) {
+	ev, err := c.stream(ctx, sandboxPath(id, "/fork"), api.SnapshotRequest{To: to, Count: count}, onProgress)
+	return ev.Leases, err
+}
+
+// Restore creates a sandbox from a snapshot.
+func (c *Client) Restore(ctx context.Context, uri, pool string, onProgress func(api.Progress)) (api.Lease, error) {
+	ev, err := c.stream(ctx, "/restore", api.RestoreRequest{URI: uri, Pool: pool}, onProgress)
+	if err != nil || len(ev.Leases) == 0 {
+		return api.Lease{}, err
+	}
+	return ev.Leases[0], nil
+}
+
+// Snapshots lists the snapshots of a store ("" = the daemon's).
+func (c *Client) Snapshots(ctx context.Context, store string) ([]api.Snapshot, error) {
+	var out []api.Snapshot
+	return out, c.do(ctx, http.MethodGet, "/snapshots?store="+url.QueryEscape(store), nil, &out)
+}
+
+// SnapshotRemove deletes a snapshot (and blobs only it used).
+func (c *Client) SnapshotRemove(ctx context.Context, uri string) error {
+	return c.do(ctx, http.MethodDelete, "/snapshots?uri="+url.QueryEscape(uri), nil, nil)
+}

@@ -1,0 +1,53 @@
+package api
+
+import "time"
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots (push) and, with Count,
+// of POST /v1/sandboxes/{id}/fork.
+type SnapshotRequest struct {
+	To    string `json:"to,omitempty"`    // object store URI; default: the daemon's store
+	Count int    `json:"count,omitempty"` // fork only: restores to make
+}
+
+// RestoreRequest is the body of POST /v1/restore.
+type RestoreRequest struct {
+	URI  string `json:"uri"`            // STORE#NAME, or NAME in the daemon's store
+	Pool string `json:"pool,omitempty"` // default: the snapshot's pool (created if missing)
+}
+
+// Snapshot describes an L3 snapshot in an object store.
+type Snapshot struct {
+	Name        string    `json:"name"`
+	URI         string    `json:"uri"` // STORE#NAME: what restore takes
+	Sandbox     string    `json:"sandbox"`
+	Checkpoint  string    `json:"checkpoint"`
+	Created     time.Time `json:"created"`
+	Image       string    `json:"image"`
+	ImageDigest string    `json:"image_digest"`
+	CRIUVersion int       `json:"criu_version"`
+	Kernel      string    `json:"kernel"`
+	Arch        string    `json:"arch"`
+	Size        int64     `json:"size"`               // bytes of all blobs
+	Uploaded    int64     `json:"uploaded,omitempty"` // bytes actually sent (unchanged blobs are skipped)
+	FrozenMS    float64   `json:"frozen_ms,omitempty"`
+	DumpMS      float64   `json:"dump_ms,omitempty"`
+	PackageMS   float64   `json:"package_ms,omitempty"`
+	UploadMS    float64   `json:"upload_ms,omitempty"`
+}
+
+// Progress reports the advance of a push, restore or fork.
+type Progress struct {
+	Phase string `json:"phase"` // checkpoint, package, upload, download, restore
+	Blob  string `json:"blob,omitempty"`
+	Done  int64  `json:"done"`
+	Total int64  `json:"total"`
+}
+
+// StreamEvent is one JSON line of a push, restore or fork response: progress events, then
+// exactly one final event carrying the result or an error.
+type StreamEvent struct {
+	Progress *Progress `json:"progress,omitempty"`
+	Snapshot *Snapshot `json:"snapshot,omitempty"`
+	Leases   []Lease   `json:"leases,omitempty"`
+	Error    *Error    `json:"error,omitempty"`
+}

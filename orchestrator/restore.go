@@ -1,0 +1,286 @@
+package orchestrator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/errdefs"
+	"github.com/klauspost/compress/zstd"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/deltabox/deltabox/criu"
+	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/objectstore"
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/overlay"
+	"github.com/deltabox/deltabox/pool"
+)
+
+// fetched is a snapshot downloaded and verified into a local directory.
+type fetched struct {
+	dir    string
+	cfg    snapshotConfig
+	images string // unpacked CRIU images
+	rootfs string // rootfs diff (tar+zstd)
+	state  json.RawMessage
+}
+
+// Restore creates a new sandbox from a snapshot: a new container (own ID, cgroup, network
+// identity, effect journal and machine id) from the snapshot's image, the rootfs diff applied,
+// the processes restored by CRIU, the agent state as it was. It is leased at once.
+func (o *Orchestrator) Restore(ctx context.Context, uri, poolName string, emit Emit) (api.Lease, error) {
+	if !o.criu.Available {
+		return api.Lease{}, fmt.Errorf("L3 restores are unavailable on this node: %s: %w", o.criu.Reason, errdefs.ErrFailedPrecondition)
+	}
+	f, err := o.fetchSnapshot(ctx, uri, emit)
+	if err != nil {
+		return api.Lease{}, err
+	}
+	defer os.RemoveAll(f.dir)
+	return o.restoreFetched(ctx, f, poolName, emit)
+}
+
+func (o *Orchestrator) restoreFetched(ctx context.Context, f *fetched, poolName string, emit Emit) (api.Lease, error) {
+	if poolName == "" {
+		poolName = f.cfg.Template.Name
+	}
+	if err := o.restorePool(ctx, poolName, f.cfg); err != nil {
+		return api.Lease{}, err
+	}
+	emit(api.Progress{Phase: "restore"})
+	res, err := o.pools.LeaseRestored(ctx, poolName, pool.LeaseRequest{}, o.restoreTask(f))
+	if err != nil {
+		return api.Lease{}, fmt.Errorf("restore snapshot %s-%s: %w", f.cfg.Sandbox, f.cfg.Checkpoint, err)
+	}
+	o.startSessionWith(ctx, res.Sandbox, f.state)
+	log.L(ctx).Info("snapshot restored", "sandbox", res.ID, "from", f.cfg.Sandbox, "checkpoint", f.cfg.Checkpoint)
+	return api.Lease{LeaseResult: res}, nil
+}
+
+// restorePool makes sure the pool exists (created from the snapshot's template, with no warm
+// sandboxes, if missing) and runs the snapshot's image at the same digest.
+func (o *Orchestrator) restorePool(ctx context.Context, name string, cfg snapshotConfig) error {
+	t, err := o.pools.Template(name)
+	if errdefs.IsNotFound(err) {
+		t = cfg.Template
+		t.Name, t.MinReady = name, 0
+		_, err = o.pools.CreatePool(ctx, t)
+	}
+	if err != nil {
+		return err
+	}
+	if t.Image != cfg.Image {
+		return fmt.Errorf("pool %q runs %s, the snapshot needs %s: %w", name, t.Image, cfg.Image, errdefs.ErrFailedPrecondition)
+	}
+	img, err := o.client.GetImage(ctx, cfg.Image)
+	if err != nil {
+		return fmt.Errorf("image %s of the snapshot: %w", cfg.Image, err)
+	}
+	if d := img.Target().Digest.String(); d != cfg.ImageDigest {
+		return fmt.Errorf("image %s is %s here but the snapshot was taken on %s; restored processes need the same files: %w",
+			cfg.Image, d, cfg.ImageDigest, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// restoreTask is the pool's RestoreFunc: rootfs diff into the fresh upper dir, a new machine
+// id, tcp-close (new identity), then CRIU.
+func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
+	return func(ctx context.Context, c containerd.Container, layout pool.Layout, ioc cio.Creator) (containerd.Task, error) {
+		conf, err := criu.ConfigOf(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		if err := criu.WriteConfig(conf, criu.Options{TCPClose: true, FileLocks: true}); err != nil {
+			return nil, err
+		}
+		if err := applyRootfs(ctx, f.rootfs, layout.Upper); err != nil {
+			return nil, err
+		}
+		if err := freshMachineID(layout); err != nil {
+			return nil, err
+		}
+		return o.l3.Restore(ctx, c.ID(), f.images, ioc)
+	}
+}
+
+func applyRootfs(ctx context.Context, path, upper string) error {
+	file, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	zr, err := zstd.NewReader(file)
+	if err != nil {
+		return err
+	}
+	defer zr.Close()
+	if err := overlay.Import(ctx, zr, upper, overlay.WithOverlayWhiteouts()); err != nil {
+		return fmt.Errorf("apply rootfs diff: %w", err)
+	}
+	return nil
+}
+
+// freshMachineID gives a restored sandbox its own /etc/machine-id when the image has one.
+func freshMachineID(layout pool.Layout) error {
+	found := false
+	for _, dir := range append([]string{layout.Upper}, layout.Lower...) {
+		if _, err := os.Lstat(filepath.Join(dir, "etc", "machine-id")); err == nil {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return nil
+	}
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	if err := os.MkdirAll(filepath.Join(layout.Upper, "etc"), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(layout.Upper, "etc", "machine-id"), []byte(hex.EncodeToString(b)+"\n"), 0o444)
+}
+
+// fetchSnapshot downloads a snapshot into a temp dir, every blob verified against its digest
+// before anything is created.
+func (o *Orchestrator) fetchSnapshot(ctx context.Context, uri string, emit Emit) (_ *fetched, retErr error) {
+	storeURI, name, err := parseSnapshotURI(uri, o.opts.ObjectStoreURI)
+	if err != nil {
+		return nil, err
+	}
+	st, _, err := o.openStore(ctx, storeURI)
+	if err != nil {
+		return nil, err
+	}
+	cas := objectstore.NewCAS(st)
+	m, cfg, err := readManifest(ctx, st, cas, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := criu.CheckCompatible(cfg.CRIU, o.criu); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", uri, err)
+	}
+	base := filepath.Join(o.opts.Root, "restore")
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(base, name+"-")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	f := &fetched{dir: dir, cfg: cfg, images: filepath.Join(dir, "images"), rootfs: filepath.Join(dir, "rootfs.tar.zst")}
+	return f, f.download(ctx, cas, m, emit)
+}
+
+func (f *fetched) download(ctx context.Context, cas *objectstore.CAS, m ocispec.Manifest, emit Emit) error {
+	images := filepath.Join(f.dir, "images.tar.zst")
+	for _, want := range []struct{ media, path string }{{MediaCRIUImages, images}, {MediaRootfsDiff, f.rootfs}} {
+		d, err := layerByType(m, want.media)
+		if err == nil {
+			err = fetchBlob(ctx, cas, d, want.path, emit)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := unpackImages(ctx, images, f.images); err != nil {
+		return err
+	}
+	d, err := layerByType(m, MediaStateDocument)
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(f.dir, "state.json.zst")
+	if err := fetchBlob(ctx, cas, d, p, emit); err != nil {
+		return err
+	}
+	f.state, err = readZstd(p)
+	return err
+}
+
+// fetchBlob downloads a blob to path; the CAS reader fails at EOF if the digest differs.
+func fetchBlob(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, path string, emit Emit) error {
+	title := d.Annotations[annotationTitle]
+	r, err := cas.Get(ctx, d.Digest)
+	if err != nil {
+		return fmt.Errorf("download %s: %w", title, err)
+	}
+	defer r.Close()
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	pr := &progressReader{r: r, emit: emit, p: api.Progress{Phase: "download", Blob: title, Total: d.Size}}
+	if _, err := io.Copy(out, pr); err != nil {
+		return fmt.Errorf("download %s (%s): %w", title, d.Digest, err)
+	}
+	emit(api.Progress{Phase: "download", Blob: title, Done: d.Size, Total: d.Size})
+	return out.Sync()
+}
+
+func unpackImages(ctx context.Context, path, dir string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return criu.Unpack(ctx, f, dir)
+}
+
+func readZstd(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	zr, err := zstd.NewReader(f)
+	if err != nil {
+		return nil, err
+	}
+	defer zr.Close()
+	return io.ReadAll(io.LimitReader(zr, 64<<20))
+}
+
+// Fork pushes one snapshot of a sandbox and restores it count times into its pool.
+func (o *Orchestrator) Fork(ctx context.Context, id, to string, count int, emit Emit) ([]api.Lease, error) {
+	if count < 1 || count > 64 {
+		return nil, fmt.Errorf("fork count %d: want 1 to 64: %w", count, errdefs.ErrInvalidArgument)
+	}
+	sb, err := o.pools.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := o.SnapshotPush(ctx, id, to, emit)
+	if err != nil {
+		return nil, err
+	}
+	f, err := o.fetchSnapshot(ctx, snap.URI, emit)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(f.dir)
+	var leases []api.Lease
+	for range count {
+		l, err := o.restoreFetched(ctx, f, sb.Pool, emit)
+		if err != nil {
+			return leases, errors.Join(fmt.Errorf("fork %d of %d: %w", len(leases)+1, count, err))
+		}
+		leases = append(leases, l)
+	}
+	return leases, nil
+}

@@ -1,0 +1,175 @@
+package orchestrator
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/klauspost/compress/zstd"
+	digest "github.com/opencontainers/go-digest"
+	specsv "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/deltabox/deltabox/criu"
+	"github.com/deltabox/deltabox/objectstore"
+	"github.com/deltabox/deltabox/pool"
+)
+
+// Media types of a DeltaBox snapshot (docs/snapshot-format.md).
+const (
+	ArtifactSnapshot   = "application/vnd.deltabox.snapshot.v1"
+	MediaConfig        = "application/vnd.deltabox.snapshot.config.v1+json"
+	MediaCRIUImages    = "application/vnd.deltabox.criu.images.v1.tar+zstd"
+	MediaRootfsDiff    = ocispec.MediaTypeImageLayerZstd
+	MediaStateDocument = "application/vnd.deltabox.state.v1+json+zstd"
+	MediaEffects       = "application/vnd.deltabox.effects.v1+json+zstd"
+
+	annotationTitle = ocispec.AnnotationTitle
+	snapshotFormat  = 1
+)
+
+// snapshotConfig is the config blob: what the snapshot is of and what restoring needs.
+type snapshotConfig struct {
+	Format      int           `json:"format"`
+	Sandbox     string        `json:"sandbox"`
+	Checkpoint  string        `json:"checkpoint"`
+	Created     time.Time     `json:"created"`
+	Template    pool.Template `json:"template"`
+	Image       string        `json:"image"`
+	ImageDigest string        `json:"image_digest"`
+	CRIU        criu.Meta     `json:"criu"`
+	StateSeq    uint64        `json:"state_seq"`
+}
+
+var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// manifestKey is where a snapshot's manifest lives in a store; it is written last.
+func manifestKey(name string) string { return "snapshots/" + name + "/manifest.json" }
+
+// parseSnapshotURI splits "STORE#NAME" (or a bare NAME in defaultStore).
+func parseSnapshotURI(uri, defaultStore string) (store, name string, err error) {
+	store, name = defaultStore, uri
+	if i := strings.LastIndexByte(uri, '#'); i >= 0 {
+		store, name = uri[:i], uri[i+1:]
+	}
+	if !snapshotNameRE.MatchString(name) {
+		return "", "", fmt.Errorf("snapshot URI %q: want STORE#NAME or NAME with NAME of [A-Za-z0-9._-]: %w", uri, errdefs.ErrInvalidArgument)
+	}
+	return store, name, nil
+}
+
+// blob is one packaged blob staged in a local file before upload.
+type blob struct {
+	desc ocispec.Descriptor
+	path string
+}
+
+// stageBlob writes a blob to a temp file under dir, optionally zstd-compressing it, while
+// hashing what goes to disk.
+func stageBlob(dir, mediaType, title string, compress bool, write func(io.Writer) error) (blob, error) {
+	f, err := os.CreateTemp(dir, "blob-*")
+	if err != nil {
+		return blob{}, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(f, h)}
+	var w io.Writer = cw
+	var zw *zstd.Encoder
+	if compress {
+		if zw, err = zstd.NewWriter(cw, zstd.WithEncoderLevel(zstd.SpeedFastest)); err != nil {
+			return blob{}, err
+		}
+		w = zw
+	}
+	if err := write(w); err != nil {
+		return blob{}, fmt.Errorf("package %s: %w", title, err)
+	}
+	if zw != nil {
+		if err := zw.Close(); err != nil {
+			return blob{}, err
+		}
+	}
+	d := ocispec.Descriptor{MediaType: mediaType, Digest: digest.NewDigest(digest.SHA256, h), Size: cw.n,
+		Annotations: map[string]string{annotationTitle: title}}
+	return blob{desc: d, path: f.Name()}, f.Sync()
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// jsonBlob writes v as JSON.
+func jsonBlob(v any) func(io.Writer) error {
+	return func(w io.Writer) error { return json.NewEncoder(w).Encode(v) }
+}
+
+// newManifest lists the config and layer blobs; its annotations make `snapshot ls` cheap.
+func newManifest(cfg blob, layers []blob, c snapshotConfig) ocispec.Manifest {
+	m := ocispec.Manifest{Versioned: specsv.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
+		ArtifactType: ArtifactSnapshot, Config: cfg.desc,
+		Annotations: map[string]string{
+			ocispec.AnnotationCreated: c.Created.Format(time.RFC3339Nano),
+			"io.deltabox.sandbox":     c.Sandbox, "io.deltabox.checkpoint": c.Checkpoint,
+			"io.deltabox.image": c.Image,
+		}}
+	for _, l := range layers {
+		m.Layers = append(m.Layers, l.desc)
+	}
+	return m
+}
+
+// readManifest fetches a snapshot's manifest and verified config.
+func readManifest(ctx context.Context, st objectstore.Store, cas *objectstore.CAS, name string) (ocispec.Manifest, snapshotConfig, error) {
+	var m ocispec.Manifest
+	var c snapshotConfig
+	r, err := st.Get(ctx, manifestKey(name), objectstore.Range{})
+	if err != nil {
+		return m, c, fmt.Errorf("snapshot %q: %w", name, err)
+	}
+	err = json.NewDecoder(io.LimitReader(r, 1<<20)).Decode(&m)
+	r.Close()
+	if err != nil || m.ArtifactType != ArtifactSnapshot {
+		return m, c, fmt.Errorf("snapshot %q: not a DeltaBox snapshot manifest (%v): %w", name, err, errdefs.ErrInvalidArgument)
+	}
+	rc, err := cas.Get(ctx, m.Config.Digest)
+	if err != nil {
+		return m, c, fmt.Errorf("snapshot %q config: %w", name, err)
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, 4<<20))
+	if err == nil {
+		err = json.Unmarshal(data, &c)
+	}
+	if err != nil {
+		return m, c, fmt.Errorf("snapshot %q config: %w", name, err)
+	}
+	if c.Format != snapshotFormat {
+		return m, c, fmt.Errorf("snapshot %q has format %d; this node reads format %d: %w", name, c.Format, snapshotFormat, errdefs.ErrFailedPrecondition)
+	}
+	return m, c, nil
+}
+
+// layerByType finds a manifest layer by media type.
+func layerByType(m ocispec.Manifest, mediaType string) (ocispec.Descriptor, error) {
+	for _, l := range m.Layers {
+		if l.MediaType == mediaType {
+			return l, nil
+		}
+	}
+	return ocispec.Descriptor{}, fmt.Errorf("snapshot has no %s blob: %w", mediaType, errdefs.ErrInvalidArgument)
+}
