@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/containerd/continuity/fs"
@@ -23,8 +24,9 @@ import (
 // relative to the image (its lower dirs), deletions as .wh.NAME and opaque directories as
 // .wh..wh..opq. The state is materialized in a scratch upper dir inside the store and
 // turned into a tar by containerd's overlay-aware differ and change writer; xattrs (user.*,
-// trusted.*) ride along as PAX SCHILY.xattr records. Timestamps are truncated to seconds, as
-// containerd does for layers.
+// trusted.*) ride along as PAX SCHILY.xattr records and mtimes keep their nanoseconds as PAX
+// mtime records (containerd's writer truncates them to seconds; they are put back from the
+// checkpoint's record).
 func (s *Store) Export(ctx context.Context, id string, w io.Writer) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -130,19 +132,8 @@ func addXattrs(r io.Reader, w io.Writer, state map[string]*Entry) error {
 		if err != nil {
 			return err
 		}
-		if e := state[strings.TrimSuffix(hdr.Name, "/")]; e != nil && len(e.Xattrs) > 0 && hdr.Typeflag != tar.TypeLink {
-			if hdr.PAXRecords == nil {
-				hdr.PAXRecords = map[string]string{}
-			}
-			keys := make([]string, 0, len(e.Xattrs))
-			for k := range e.Xattrs {
-				keys = append(keys, k)
-			}
-			sort.Strings(keys)
-			for _, k := range keys {
-				hdr.PAXRecords["SCHILY.xattr."+k] = string(e.Xattrs[k])
-			}
-			hdr.Format = tar.FormatPAX
+		if e := state[strings.TrimSuffix(hdr.Name, "/")]; e != nil {
+			amendHeader(hdr, e)
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
@@ -155,6 +146,30 @@ func addXattrs(r io.Reader, w io.Writer, state map[string]*Entry) error {
 		return err
 	}
 	return bw.Flush()
+}
+
+// amendHeader puts back what containerd's change writer leaves out of an entry's header: the
+// sub-second part of the mtime (a PAX mtime record; the writer truncates to seconds for the
+// sake of tars written without PAX, but its headers are PAX anyway) and, except on hard-link
+// entries, the kept xattrs (PAX SCHILY.xattr records). A hard-link entry gets the mtime too:
+// extracting it re-times the shared inode.
+func amendHeader(hdr *tar.Header, e *Entry) {
+	hdr.Format = tar.FormatPAX
+	hdr.ModTime = time.Unix(0, e.Mtime)
+	if len(e.Xattrs) == 0 || hdr.Typeflag == tar.TypeLink {
+		return
+	}
+	if hdr.PAXRecords == nil {
+		hdr.PAXRecords = map[string]string{}
+	}
+	keys := make([]string, 0, len(e.Xattrs))
+	for k := range e.Xattrs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		hdr.PAXRecords["SCHILY.xattr."+k] = string(e.Xattrs[k])
+	}
 }
 
 // ImportOption configures Import.
