@@ -1,6 +1,7 @@
 // Package overlay owns the filesystem half of a sandbox checkpoint: it captures what changed in
 // an overlayfs upper dir (incrementally, L1, or completely, L2) into a per-sandbox layer store,
-// rolls the sandbox's merged mount back to any stored checkpoint, diffs checkpoints and moves
+// rolls the sandbox's merged mount back to any stored checkpoint, verifies a merged tree
+// against a checkpoint (a full no-follow walk, read only), diffs checkpoints and moves
 // checkpoints in and out as OCI layer tars.
 //
 // It reads the upper dir (never writes it while mounted) and writes only through the merged
@@ -12,5 +13,7 @@
 // Store layout: one pack file per checkpoint (<dir>/<id>.ckpt: file contents, then the JSON
 // manifest, then a footer) written to a temp file, fsynced and renamed, so a crash mid-capture
 // leaves the previous checkpoint intact. A rollback leaves a small durable record
-// (rollback.json) until the next capture absorbs it.
+// (rollback.json) until the next capture absorbs it. One empty temp file is kept ready (made
+// in the background after each write) so that the frozen window never pays for creating an
+// inode; temp files left behind are removed when the store is opened.
 package overlay
