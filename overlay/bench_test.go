@@ -134,6 +134,23 @@ func BenchmarkRollbackStep(b *testing.B) {
 	lat.report(b)
 }
 
+// BenchmarkVerify is a full Verify (5,000 4 KiB files, contents compared) right after a capture.
+func BenchmarkVerify(b *testing.B) {
+	f := newFixture(b, nil)
+	benchTree(b, f, 5000)
+	f.capture(b, "base", L2)
+	var lat latencies
+	for b.Loop() {
+		start := time.Now()
+		ms, err := f.s.Verify(b.Context(), "base", f.merged)
+		lat = append(lat, time.Since(start))
+		if err != nil || len(ms) > 0 {
+			b.Fatalf("verify: %v, %d mismatches", err, len(ms))
+		}
+	}
+	lat.report(b)
+}
+
 // BenchmarkBaselineWalkDir is what a naive change detector pays for the same 5,000-file upper
 // dir before doing anything: filepath.WalkDir plus an Lstat of every entry (no copy, no
 // fsync). Compare its p50 with BenchmarkCaptureL1NoSync's.

@@ -22,8 +22,10 @@ import (
 // (in later checkpoints or not yet captured) gets back its content, type, mode, owner, mtime,
 // xattrs, symlink target and hard links as of the target, or is removed if it did not exist
 // then; lower-dir paths changed since are restored from the lower content. All writes go
-// through the merged mount, never following a symlink the sandbox made. The caller keeps the
-// sandbox frozen.
+// through the merged mount, never following a symlink the sandbox made. A regular file that
+// has a single link both now and at the target is rewritten in place (same inode: a process
+// holding it open sees the restored content); other entries are removed and recreated. The
+// caller keeps the sandbox frozen.
 //
 // The target becomes the latest checkpoint: checkpoints after it are deleted. The index is
 // moved to the upper dir as the writes left it, so the next L1 capture is relative to the

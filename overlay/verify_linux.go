@@ -44,7 +44,7 @@ func VerifyMtimes() VerifyOption { return func(o *verifyOptions) { o.mtime = tru
 // (DefaultVerifySkip) and every mount point below merged (a directory on another device, or
 // any entry statx flags as a mount root), on both sides. Right after a capture or a rollback
 // to id, with nothing changed since, it returns nothing. File contents are compared in full,
-// so the cost grows with the size of the tree.
+// so the cost grows with the size of the tree; the store is locked meanwhile.
 func (s *Store) Verify(ctx context.Context, id string, merged string, opts ...VerifyOption) ([]Mismatch, error) {
 	o := verifyOptions{skip: DefaultVerifySkip()}
 	for _, opt := range opts {
@@ -115,6 +115,8 @@ type verifier struct {
 	mtime bool
 	links map[string][]linkSeen // recorded hard-link group -> paths found and their inodes
 	out   []Mismatch
+	bufA  []byte // content comparison buffers, reused
+	bufB  []byte
 }
 
 type linkSeen struct {

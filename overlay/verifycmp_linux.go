@@ -104,7 +104,7 @@ func (vw *verifier) content(p string, want *Entry, dirfd int, name string) error
 		vw.add(p, "type", string(KindFile), "changed during verify")
 		return nil
 	}
-	same, err := sameRange(src.fd, src.off, fd, 0, want.Size)
+	same, err := vw.sameRange(src.fd, src.off, fd, 0, want.Size)
 	if err != nil || same {
 		return err
 	}
@@ -112,28 +112,45 @@ func (vw *verifier) content(p string, want *Entry, dirfd int, name string) error
 	return nil
 }
 
-// sameRange compares size bytes of two files at the given offsets.
-func sameRange(a int, aoff int64, b int, boff int64, size int64) (bool, error) {
-	bufA, bufB := make([]byte, 64<<10), make([]byte, 64<<10)
+// sameRange compares size bytes of two files at the given offsets, reading into the
+// verifier's two buffers.
+func (vw *verifier) sameRange(a int, aoff int64, b int, boff int64, size int64) (bool, error) {
+	if vw.bufA == nil {
+		vw.bufA, vw.bufB = make([]byte, 64<<10), make([]byte, 64<<10)
+	}
 	for done := int64(0); done < size; {
-		n := int(min(int64(len(bufA)), size-done))
-		na, err := io.ReadFull(io.NewSectionReader(fdReaderAt(a), aoff+done, int64(n)), bufA[:n])
-		if err != nil {
+		n := int(min(int64(len(vw.bufA)), size-done))
+		if err := preadFull(a, vw.bufA[:n], aoff+done); err != nil {
 			return false, fmt.Errorf("read recorded content: %w", err)
 		}
-		nb, err := io.ReadFull(io.NewSectionReader(fdReaderAt(b), boff+done, int64(n)), bufB[:n])
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		err := preadFull(b, vw.bufB[:n], boff+done)
+		if errors.Is(err, io.ErrUnexpectedEOF) {
 			return false, nil // the file shrank since the stat
 		}
 		if err != nil {
 			return false, fmt.Errorf("read merged content: %w", err)
 		}
-		if na != nb || !bytes.Equal(bufA[:na], bufB[:nb]) {
+		if !bytes.Equal(vw.bufA[:n], vw.bufB[:n]) {
 			return false, nil
 		}
 		done += int64(n)
 	}
 	return true, nil
+}
+
+// preadFull fills buf from fd at off (io.ErrUnexpectedEOF if the file ends first).
+func preadFull(fd int, buf []byte, off int64) error {
+	for len(buf) > 0 {
+		n, err := fdReaderAt(fd).ReadAt(buf, off)
+		if errors.Is(err, io.EOF) {
+			return io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return err
+		}
+		buf, off = buf[n:], off+int64(n)
+	}
+	return nil
 }
 
 // hashRange returns the sha256 (hex) of size bytes of fd from off, or the read error.
