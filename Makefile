@@ -14,8 +14,11 @@ export GOFLAGS := -buildvcs=false
 
 # The environment the root and integration tests (and the demo) run in.
 CONTAINERD_ADDRESS = $(shell bash hack/containerd.sh address)
+# A second private containerd plays a second node in the cross-node snapshot tests.
+NODE2_ROOT = /var/lib/deltabox-dev2
+CONTAINERD2_ADDRESS = $(shell DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/containerd.sh address)
 TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
-	DELTABOX_CONTAINERD_ADDRESS=$(CONTAINERD_ADDRESS)
+	DELTABOX_CONTAINERD_ADDRESS=$(CONTAINERD_ADDRESS) DELTABOX_CONTAINERD2_ADDRESS=$(CONTAINERD2_ADDRESS)
 
 .PHONY: build deps containerd images setup test test-unit demo bench lint docs clean
 
@@ -30,8 +33,10 @@ deps: ## install pinned containerd, runc, CRIU, CNI plugins, versitygw (idempote
 containerd: deps ## start the private containerd used by tests and the demo
 	bash hack/containerd.sh start
 
-images: containerd ## build and import the busybox and python images
+images: containerd ## build and import the busybox and python images (into both private containerds)
 	bash hack/images.sh
+	DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/containerd.sh start
+	DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/images.sh
 
 setup: deps containerd images
 

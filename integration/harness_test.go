@@ -61,7 +61,12 @@ var netSeq atomic.Int32
 // private sandbox network, so that daemons of one test run never share bridges or addresses.
 func startDaemonWith(t testing.TB, extraConfig string, extraArgs ...string) *daemon {
 	t.Helper()
-	e := requireEnv(t)
+	return startDaemonOn(t, requireEnv(t), extraConfig, extraArgs...)
+}
+
+// startDaemonOn is startDaemonWith on the containerd of e (tests of two nodes use two).
+func startDaemonOn(t testing.TB, e env, extraConfig string, extraArgs ...string) *daemon {
+	t.Helper()
 	dir := shortTempDir(t)
 	d := &daemon{t: t, env: e, root: filepath.Join(dir, "root"), address: filepath.Join(dir, "api.sock")}
 	d.net = testNetwork(int(netSeq.Add(1)))

@@ -89,7 +89,7 @@ func snapshotPush(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return printResult(c, snap, func(w io.Writer) {
+	return printStreamResult(c, snap, func(w io.Writer) {
 		fmt.Fprintf(w, "%s\n  %s, frozen %.0f ms, package %.0f ms, upload %.0f ms (%s sent)\n", snap.URI,
 			humanBytes(snap.Size), snap.FrozenMS, snap.PackageMS, snap.UploadMS, humanBytes(snap.Uploaded))
 	})
@@ -132,7 +132,7 @@ func runRestore(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return printResult(c, l, func(w io.Writer) { fmt.Fprintln(w, l.ID) })
+	return printStreamResult(c, l, func(w io.Writer) { fmt.Fprintln(w, l.ID) })
 }
 
 func runFork(c *cli.Context) error {
@@ -143,9 +143,19 @@ func runFork(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return printResult(c, leases, func(w io.Writer) {
+	return printStreamResult(c, leases, func(w io.Writer) {
 		for _, l := range leases {
 			fmt.Fprintln(w, l.ID)
 		}
 	})
+}
+
+// printStreamResult ends a streamed verb: with -o json the result is one more JSON line after
+// the progress lines.
+func printStreamResult(c *cli.Context, v any, text func(w io.Writer)) error {
+	if jsonOutput(c) {
+		return json.NewEncoder(c.App.Writer).Encode(v)
+	}
+	text(c.App.Writer)
+	return nil
 }

@@ -1,0 +1,301 @@
+package integration
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/objectstore/s3test"
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+// counterScript keeps a counter in memory (and 20 MB of heap) and writes it out every 50 ms:
+// after a restore it must continue from about the dumped value, not from 0.
+const counterScript = `cat > /counter.py <<'PY'
+import os, time
+ballast = os.urandom(20 << 20)
+n = 0
+while True:
+    n += 1
+    with open("/tmp/count.new", "w") as f:
+        f.write(str(n))
+    os.rename("/tmp/count.new", "/tmp/count")
+    time.sleep(0.05)
+PY
+nohup python3 /counter.py >/dev/null 2>&1 &
+while [ ! -s /tmp/count ]; do sleep 0.05; done`
+
+func (d *daemon) count(id string) int {
+	d.t.Helper()
+	for range 50 {
+		out, _, code := d.cliRaw("exec", id, "--", "cat", "/tmp/count")
+		if v, err := strconv.Atoi(strings.TrimSpace(out)); code == 0 && err == nil {
+			return v
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d.t.Fatalf("no counter in sandbox %s", id)
+	return 0
+}
+
+// startCounter leases a python sandbox running the counter, with a file and state to keep.
+func startCounter(d *daemon) string {
+	d.createPool("py", pythonImage, 1, "--max", "12")
+	id := d.lease("py").ID
+	d.cli("exec", id, "--timeout", "30s", "--", "sh", "-c", counterScript)
+	d.cli("state", "patch", id, `[{"op":"add","path":"/memory","value":"kept in the snapshot"}]`)
+	d.cli("exec", id, "--", "sh", "-c", "echo file-content > /root/notes")
+	time.Sleep(300 * time.Millisecond)
+	return id
+}
+
+// checkContinues asserts that a restored counter resumed at or after from (and not far past
+// it), that it runs, and that files and state came along.
+func checkContinues(t *testing.T, d *daemon, id string, from, to int) {
+	t.Helper()
+	first := d.count(id)
+	if first < from || first > to {
+		t.Errorf("sandbox %s: counter at %d after restore, want it to continue between %d and %d", id, first, from, to)
+	}
+	testutil.WaitFor(t, 5*time.Second, 50*time.Millisecond, "counter to advance", func() bool { return d.count(id) > first })
+	if out := d.cli("exec", id, "--", "cat", "/root/notes"); out != "file-content\n" {
+		t.Errorf("sandbox %s: files not restored: %q", id, out)
+	}
+	var memo string
+	d.cliJSON(&memo, "state", "get", id, "/memory")
+	if memo != "kept in the snapshot" {
+		t.Errorf("sandbox %s: state not restored: %q", id, memo)
+	}
+}
+
+// lastJSON decodes the last line of a JSON-lines output.
+func lastJSON(t *testing.T, out string, v any) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), v); err != nil {
+		t.Fatalf("last line of %q: %v", out, err)
+	}
+}
+
+func TestL3RollbackRestoresProcessesInPlace(t *testing.T) {
+	d := startDaemon(t)
+	id := startCounter(d)
+	before := d.count(id)
+	var ck api.Checkpoint
+	d.cliJSON(&ck, "checkpoint", "create", id, "--level", "l3")
+	after := d.count(id)
+	if ck.Level != "l3" || ck.FrozenMS <= 0 {
+		t.Fatalf("unexpected L3 checkpoint: %+v", ck)
+	}
+	time.Sleep(time.Second)
+	d.cli("exec", id, "--", "sh", "-c", "rm /root/notes")
+	later := d.count(id)
+	d.cli("rollback", id, "--to", ck.ID)
+	checkContinues(t, d, id, before, after+10)
+	if later < after+10 {
+		t.Errorf("counter did not run between checkpoint (%d) and rollback (%d)", after, later)
+	}
+}
+
+func TestSnapshotPushRestoreAndFork(t *testing.T) {
+	d := startDaemon(t)
+	id := startCounter(d)
+	before := d.count(id)
+	out := d.cli("-o", "json", "snapshot", "push", id)
+	after := d.count(id)
+	var snap api.Snapshot
+	lastJSON(t, out, &snap)
+	if snap.URI == "" || !strings.Contains(out, `"progress"`) {
+		t.Fatalf("push -o json: want progress lines then the snapshot: %q", out)
+	}
+	var l api.Lease
+	lastJSON(t, d.cli("-o", "json", "restore", snap.URI), &l)
+	if l.ID == "" || l.ID == id {
+		t.Fatalf("restore gave %+v", l)
+	}
+	checkContinues(t, d, l.ID, before, after+10)
+	var snaps []api.Snapshot
+	d.cliJSON(&snaps, "snapshot", "ls")
+	if len(snaps) != 1 || snaps[0].Name != snap.Name {
+		t.Errorf("snapshot ls: %+v", snaps)
+	}
+	forkFrom := d.count(id)
+	forks := strings.Fields(d.cli("fork", id, "--count", "3"))
+	forkTo := d.count(id)
+	if len(forks) != 3 {
+		t.Fatalf("fork printed %v", forks)
+	}
+	for _, f := range forks {
+		checkContinues(t, d, f, forkFrom, forkTo+10)
+	}
+	d.cli("snapshot", "rm", snap.URI)
+	d.cliJSON(&snaps, "snapshot", "ls")
+	if len(snaps) != 1 || snaps[0].Name == snap.Name { // the fork's own snapshot remains
+		t.Errorf("after rm: %+v", snaps)
+	}
+}
+
+func TestSnapshotAcrossNodesThroughS3(t *testing.T) {
+	e1 := requireEnv(t)
+	e2 := env{bin: e1.bin, containerd: testutil.RequiresEnv(t, "DELTABOX_CONTAINERD2_ADDRESS")}
+	s3 := s3test.Start(t)
+	for _, kv := range s3.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	a := startDaemonOn(t, e1, "")
+	b := startDaemonOn(t, e2, "")
+	id := startCounter(a)
+	before := a.count(id)
+	var snap api.Snapshot
+	lastJSON(t, a.cli("-o", "json", "snapshot", "push", id, "--to", s3.URI("nodes")), &snap)
+	after := a.count(id)
+	if !strings.HasPrefix(snap.URI, "s3://") {
+		t.Fatalf("snapshot URI %q", snap.URI)
+	}
+	var l api.Lease
+	lastJSON(t, b.cli("-o", "json", "restore", snap.URI), &l)
+	checkContinues(t, b, l.ID, before, after+10)
+	var onB []api.Snapshot
+	b.cliJSON(&onB, "snapshot", "ls", s3.URI("nodes"))
+	if len(onB) != 1 {
+		t.Errorf("node B lists %d snapshots in S3", len(onB))
+	}
+}
+
+func TestSnapshotS3GoesAway(t *testing.T) {
+	s3 := s3test.Start(t)
+	for _, kv := range s3.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	d := startDaemon(t)
+	id := startCounter(d)
+	c, ctx := d.client(), context.Background()
+	s3.Stop()
+	_, err := c.SnapshotPush(ctx, id, s3.URI("gone"), nil)
+	if !errdefs.IsUnavailable(err) {
+		t.Fatalf("push to a stopped S3 server: want unavailable, got %v", err)
+	}
+	s3.Restart()
+	if snaps, err := c.Snapshots(ctx, s3.URI("gone")); err != nil || len(snaps) != 0 {
+		t.Fatalf("after a failed push the store lists %v (%v); want no snapshot", snaps, err)
+	}
+	if _, err := c.SnapshotPush(ctx, id, s3.URI("gone"), nil); err != nil {
+		t.Fatalf("retry after the server came back: %v", err)
+	}
+}
+
+func TestSnapshotBadInput(t *testing.T) {
+	d := startDaemon(t)
+	c, ctx := d.client(), context.Background()
+	if _, err := c.Restore(ctx, "no-such-snapshot", "", nil); !errdefs.IsNotFound(err) {
+		t.Errorf("restore of an unknown snapshot: want not_found, got %v", err)
+	}
+	store := "file://" + shortTempDir(t)
+	id := startCounter(d)
+	snap, err := c.SnapshotPush(ctx, id, store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := c.Sandboxes(ctx)
+	// A snapshot from a newer CRIU or another architecture is refused, naming why.
+	for field, value := range map[string]any{"criuVersion": 990000, "arch": "riscv64"} {
+		uri := rewriteConfig(t, store, snap.Name, field, value)
+		_, err := c.Restore(ctx, uri, "", nil)
+		if !errdefs.IsFailedPrecondition(err) || !(strings.Contains(err.Error(), "CRIU") || strings.Contains(err.Error(), "riscv64")) {
+			t.Errorf("restore with %s=%v: want failed_precondition naming it, got %v", field, value, err)
+		}
+	}
+	// A blob whose content no longer matches its digest is refused; nothing is created.
+	corruptBlob(t, store, snap.Name, "rootfs.tar.zst")
+	if _, err := c.Restore(ctx, snap.URI, "", nil); err == nil || !strings.Contains(err.Error(), "sha256:") {
+		t.Errorf("restore of a corrupted blob: want a digest error, got %v", err)
+	}
+	if after, _ := c.Sandboxes(ctx); len(after) != len(before) {
+		t.Errorf("failed restores left sandboxes behind: %d before, %d after", len(before), len(after))
+	}
+}
+
+// readSnapshot returns the manifest of a snapshot in a file:// store and a function giving
+// the path of a blob.
+func readSnapshot(t *testing.T, store, name string) (map[string]any, func(digest string) string) {
+	t.Helper()
+	root := strings.TrimPrefix(store, "file://")
+	data, err := os.ReadFile(filepath.Join(root, "objects", "snapshots", name, "manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m, func(d string) string {
+		return filepath.Join(root, "objects", "blobs", "sha256", strings.TrimPrefix(d, "sha256:"))
+	}
+}
+
+// rewriteConfig stores a copy of a snapshot whose config has criu.<field> = value.
+func rewriteConfig(t *testing.T, store, name, field string, value any) string {
+	t.Helper()
+	m, blobPath := readSnapshot(t, store, name)
+	cfgDesc := m["config"].(map[string]any)
+	data, err := os.ReadFile(blobPath(cfgDesc["digest"].(string)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["criu"].(map[string]any)[field] = value
+	newData, _ := json.Marshal(cfg)
+	sum := sha256.Sum256(newData)
+	d := "sha256:" + hex.EncodeToString(sum[:])
+	if err := os.WriteFile(blobPath(d), newData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfgDesc["digest"], cfgDesc["size"] = d, len(newData)
+	newName := name + "-" + field
+	dir := filepath.Join(strings.TrimPrefix(store, "file://"), "objects", "snapshots", newName)
+	md, _ := json.Marshal(m)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), md, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return store + "#" + newName
+}
+
+// corruptBlob flips a byte in the middle of a snapshot's blob titled title.
+func corruptBlob(t *testing.T, store, name, title string) {
+	t.Helper()
+	m, blobPath := readSnapshot(t, store, name)
+	for _, l := range m["layers"].([]any) {
+		desc := l.(map[string]any)
+		if desc["annotations"].(map[string]any)["org.opencontainers.image.title"] == title {
+			p := blobPath(desc["digest"].(string))
+			data, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data[len(data)/2] ^= 0xff
+			if err := os.WriteFile(p, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no %s blob in %s", title, name)
+}
