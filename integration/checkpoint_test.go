@@ -337,4 +337,3 @@ func lineDiff(want, got string) string {
 	}
 	return b.String()
 }
-
