@@ -134,6 +134,7 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 		if err := o.startEgress(ctx, nopts); err != nil {
 			return err
 		}
+		o.keepFirewall(ctx)
 	}
 	o.pools, err = pool.NewManager(ctx, o.client, popts)
 	if err != nil {
@@ -207,4 +208,25 @@ func (o *Orchestrator) Close(ctx context.Context) error {
 	}
 	errs = append(errs, o.client.Close())
 	return errors.Join(errs...)
+}
+
+// keepFirewall re-applies the sandbox firewall every minute, so that a host firewall reload
+// (or a rule inserted above DeltaBox's jumps) cannot leave sandboxes unfiltered for long.
+func (o *Orchestrator) keepFirewall(ctx context.Context) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	o.closers = append(o.closers, func() error { cancel(); return nil })
+	go func() {
+		t := time.NewTicker(time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := o.net.Ensure(ctx); err != nil {
+					log.L(ctx).Error("re-apply sandbox firewall", "error", err)
+				}
+			}
+		}
+	}()
 }
