@@ -70,10 +70,14 @@ def http_call(method, path, body=None):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(api_url() + path, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
-    # The in-sandbox stub is reached directly; anything else goes through HTTP_PROXY (the
-    # egress proxy, which holds the POSTs until the step commits).
-    local = urllib.parse.urlsplit(api_url()).hostname in ("127.0.0.1", "localhost")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({})) if local else urllib.request.build_opener()
+    # The in-sandbox stub is reached directly; any other API goes through the egress proxy
+    # (HTTP_PROXY), which passes the GETs and holds the POSTs until the step commits. The proxy
+    # is named explicitly: NO_PROXY lists 127.0.0.1, which inside a sandbox is the sandbox.
+    proxy = os.environ.get("HTTP_PROXY", "")
+    if api_url() == f"http://127.0.0.1:{STUB_PORT}" or not proxy:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    else:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy, "https": proxy}))
     with opener.open(req, timeout=10) as resp:
         return json.loads(resp.read() or b"null")
 
@@ -121,9 +125,11 @@ def cmd_research():
 
 def cmd_act():
     rng = dice()
-    maybe_fail(rng, "act")
+    # The side effect comes first and the failure after it: the held POST of a failed attempt
+    # is dropped by the rollback, and only the successful attempt's POST is sent at commit.
     ticket = http_call("POST", "/tickets", {"task": os.environ.get("DELTABOX_TASK_ID"),
                                             "priority": rng.choice(["low", "high"])})
+    maybe_fail(rng, "act")
     write("ticket.json", json.dumps(ticket))
     say("tool", f"POST /tickets: {ticket}")
 

@@ -9,6 +9,7 @@ need_root
 BIN="${DELTABOX_BIN:?run through make demo}"
 CONTAINERD="${DELTABOX_CONTAINERD_ADDRESS:?run through make demo}"
 WORK="$(mktemp -d /tmp/deltabox-demo.XXXXXX)"
+ROOT_DIR="$(cd "${HACK_DIR}/.." && pwd)"
 SOCK="${WORK}/deltabox.sock"
 DAEMON_PID=""
 UPSTREAM_PID=""
@@ -105,6 +106,39 @@ show exec "${ID}" -- curl -sS -X POST -d '{"item":"book"}' "${API}/orders"
 show commit "${ID}"
 show effects ls "${ID}"
 printf '\nupstream after commit: %s\n' "$(curl -sS "${API}/count")"
+
+step l3 "L3: a Python process with in-memory state, snapshotted, restored as a second sandbox, forked 3 ways"
+show exec "${ID}" -- sh -c 'cat > /counter.py <<PY
+import os, time
+n = 0
+while True:
+    n += 1
+    with open("/tmp/count.new", "w") as f:
+        f.write(str(n))
+    os.rename("/tmp/count.new", "/tmp/count")
+    time.sleep(0.05)
+PY
+nohup python3 /counter.py >/dev/null 2>&1 &
+sleep 1; echo "counter at $(cat /tmp/count)"'
+show snapshot push "${ID}"
+SNAP=$(db -o json snapshot ls | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["uri"])')
+RESTORED=$(db -o json restore "${SNAP}" | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+printf '\n$ deltabox restore %s\n%s\n' "${SNAP}" "${RESTORED}"
+show exec "${RESTORED}" -- sh -c 'echo "restored counter continues at $(cat /tmp/count) (the original is at least at 20 by now)"'
+show fork "${ID}" --count 3
+show ls
+
+step pipeline "a batch pipeline: the example agent, 8 tasks, failures rolled back and retried, POSTs committed once"
+show pool create py --image deltabox.local/python:3 --min-ready 4 --max 8 --egress-policy "${WORK}/policy.yaml"
+python3 - "${UPSTREAM_PORT}" >"${WORK}/tasks.jsonl" <<'PY'
+import json, sys
+for i in range(8):
+    print(json.dumps({"id": f"t{i}", "question": f"question {i}", "api_url": f"http://127.0.0.1:{sys.argv[1]}"}))
+PY
+before=$(curl -sS "${API}/count" | python3 -c 'import json,sys; print(json.load(sys.stdin)["posts"])')
+show run "${ROOT_DIR}/examples/agent-pipeline.yaml" --tasks "${WORK}/tasks.jsonl" --parallel 4
+after=$(curl -sS "${API}/count" | python3 -c 'import json,sys; print(json.load(sys.stdin)["posts"])')
+printf '\nthe upstream received %d POSTs from the pipeline (one per committed task, none from rolled-back attempts)\n' "$((after - before))"
 
 step release "release: the next lease starts clean"
 show release "${ID}"
