@@ -69,7 +69,7 @@ func startDaemonOn(t testing.TB, e env, extraConfig string, extraArgs ...string)
 	t.Helper()
 	dir := shortTempDir(t)
 	d := &daemon{t: t, env: e, root: filepath.Join(dir, "root"), address: filepath.Join(dir, "api.sock")}
-	d.net = testNetwork(int(netSeq.Add(1)))
+	d.net = testNetwork(os.Getpid() + int(netSeq.Add(1)))
 	cfg := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfg, []byte(d.net.toml()+"\n"+extraConfig), 0o644); err != nil {
 		t.Fatal(err)

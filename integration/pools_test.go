@@ -116,7 +116,14 @@ func TestExecStdinAndJSON(t *testing.T) {
 		}
 		lines = append(lines, m)
 	}
-	if len(lines) != 3 || lines[0]["stdout"] != "out\n" || lines[1]["stderr"] != "err\n" || lines[2]["exit"] == nil {
+	// stdout and stderr are separate pipes: their relative order is not defined.
+	got := map[string]any{}
+	for _, l := range lines {
+		for k, v := range l {
+			got[k] = v
+		}
+	}
+	if len(lines) != 3 || got["stdout"] != "out\n" || got["stderr"] != "err\n" || lines[2]["exit"] == nil {
 		t.Errorf("unexpected JSON lines: %v", lines)
 	}
 }

@@ -147,5 +147,8 @@ func (m *Manager) reconcileNetwork(ctx context.Context) error {
 	if len(removed) > 0 {
 		log.L(ctx).Info("removed leftover sandbox networks", "ids", removed)
 	}
-	return err
+	if err != nil { // leftovers must not keep the node from starting
+		log.L(ctx).Warn("could not remove every leftover sandbox network", "error", err)
+	}
+	return nil
 }

@@ -2,7 +2,6 @@ package network
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	gocni "github.com/containerd/go-cni"
+	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/internal/log"
 )
@@ -143,7 +143,7 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 	}
 	path := m.NetNSPath(id)
 	cniPath := path
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+	if !isNetNS(path) {
 		cniPath = "" // CNI DEL without a namespace still releases the IP
 	}
 	if err := m.cni.Remove(ctx, id, cniPath); err != nil {
@@ -178,4 +178,14 @@ func classifyCNI(err error) error {
 		return fmt.Errorf("%w: %w", errdefs.ErrInvalidArgument, err)
 	}
 	return err
+}
+
+// isNetNS reports whether path is a mounted network namespace; a missing path, or a stale
+// file left by a crash (a plain file on the host filesystem), is not.
+func isNetNS(path string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false
+	}
+	return st.Type == unix.NSFS_MAGIC
 }
