@@ -33,7 +33,8 @@ func TestReadTasks(t *testing.T) {
 }
 
 func TestTaskSeed(t *testing.T) {
-	if TaskSeed(1, 0) != TaskSeed(1, 0) {
+	first, again := TaskSeed(1, 0), TaskSeed(1, 0)
+	if first != again {
 		t.Fatal("seed is not deterministic")
 	}
 	seen := map[uint32]bool{}
