@@ -12,24 +12,32 @@ cd "${HACK_DIR}/.."
 OUT="${BENCH_OUT:-docs/benchmarks.md}"
 RAW="$(mktemp /tmp/deltabox-bench.XXXXXX)"
 HEADER="$(mktemp /tmp/deltabox-bench-header.XXXXXX)"
-trap 'rm -f "${RAW}" "${HEADER}"' EXIT
+trap 'rm -f "${RAW}" "${RAW}.stderr" "${HEADER}"' EXIT
 
+ERRLOG="${RAW}.stderr"
 run() {
 	log "go test $*"
-	go test -run '^$' "$@" 2>&1 | grep -v '^time=' | tee -a "${RAW}"
+	# stderr (daemon and test logs) goes aside so benchmark result lines stay whole.
+	go test -run '^$' "$@" 2>>"${ERRLOG}" | tee -a "${RAW}"
 }
 
-step integration "lease, exec, refill and density against containerd baselines"
+step integration "lease, exec, refill, density, checkpoints, L3 and pipelines against their baselines"
 run -bench 'LeaseVsCtrRun' -benchtime 200x ./integration/
 run -bench 'ExecVsCtrExec' -benchtime 400x ./integration/
 run -bench 'Refill' -benchtime 5x ./integration/
+run -bench 'CheckpointRollback' -benchtime 200x ./integration/
+run -bench 'L3SnapshotRestore' -benchtime 10x ./integration/
 run -bench 'Density' -benchtime 50x -timeout 30m ./integration/
+run -bench 'BenchmarkPipeline' -benchtime 1x -timeout 30m ./integration/
 
 step packages "package-level benchmarks"
 run -bench . -benchtime 2000x ./pool/initproto/
 run -bench . -benchtime 300x ./orchestrator/state/
 run -bench . -benchtime 50x ./overlay/ || log "overlay benchmarks failed (see above)"
 run -bench . -benchtime 5x ./objectstore/... || log "objectstore benchmarks failed (see above)"
+run -bench 'PassGET|DirectGET|Hold' -benchtime 2000x ./proxy/ || log "proxy benchmarks failed (see above)"
+run -bench 'Commit100' -benchtime 10x ./proxy/ || log "proxy benchmarks failed (see above)"
+run -bench . -benchtime 50x ./pool/network/ || log "network benchmarks failed (see above)"
 
 cat >"${HEADER}" <<MD
 # Benchmarks

@@ -214,18 +214,25 @@ func BenchmarkCheckpointRollback(b *testing.B) {
 // ctrCheckpointRestore times `ctr c checkpoint --rw --task` + `ctr c restore --rw --live` of a
 // busybox container holding the same tree.
 func ctrCheckpointRestore(b *testing.B, e env, tree string, n int) samples {
+	return ctrBaseline(b, e, busyboxImage, []string{"sleep", "100000"}, tree, n)
+}
+
+// ctrBaseline starts image with cmd through ctr, runs setup in it, then times n rounds of
+// `ctr c checkpoint --rw --task` + `ctr c restore --rw --live` (the old task and container are
+// force-deleted in between, as restore needs).
+func ctrBaseline(b *testing.B, e env, image string, cmd []string, setup string, n int) samples {
 	id := fmt.Sprintf("bench-ctr-%d", time.Now().UnixNano())
-	if err := ctr(e, "run", "-d", busyboxImage, id, "sleep", "100000"); err != nil {
+	if err := ctr(e, append([]string{"run", "-d", image, id}, cmd...)...); err != nil {
 		b.Fatal(err)
 	}
 	defer func() {
-		_ = ctr(e, "task", "kill", "-s", "SIGKILL", id)
-		time.Sleep(200 * time.Millisecond)
 		_ = ctr(e, "task", "delete", "-f", id)
 		_ = ctr(e, "container", "delete", id)
 	}()
-	if err := ctr(e, "task", "exec", "--exec-id", "tree", id, "sh", "-c", tree); err != nil {
-		b.Fatal(err)
+	if setup != "" {
+		if err := ctr(e, "task", "exec", "--exec-id", "setup", id, "sh", "-c", setup); err != nil {
+			b.Fatal(err)
+		}
 	}
 	var out samples
 	for i := 0; i < n; i++ {
@@ -234,8 +241,6 @@ func ctrCheckpointRestore(b *testing.B, e env, tree string, n int) samples {
 			if err := ctr(e, "container", "checkpoint", "--rw", "--task", id, ref); err != nil {
 				b.Fatal(err)
 			}
-			_ = ctr(e, "task", "kill", "-s", "SIGKILL", id)
-			time.Sleep(50 * time.Millisecond)
 			_ = ctr(e, "task", "delete", "-f", id)
 			_ = ctr(e, "container", "delete", id)
 			if err := ctr(e, "container", "restore", "--rw", "--live", id, ref); err != nil {

@@ -33,7 +33,7 @@ type upstream struct {
 	ca    string // PEM file trusting tls
 }
 
-func startUpstream(t *testing.T) *upstream {
+func startUpstream(t testing.TB) *upstream {
 	u := &upstream{seen: map[string]int{}, keys: map[string][]string{}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		k := r.Method + " " + r.URL.Path

@@ -79,7 +79,7 @@ func checkContinues(t *testing.T, d *daemon, id string, from, to int) {
 }
 
 // lastJSON decodes the last line of a JSON-lines output.
-func lastJSON(t *testing.T, out string, v any) {
+func lastJSON(t testing.TB, out string, v any) {
 	t.Helper()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), v); err != nil {
