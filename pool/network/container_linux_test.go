@@ -119,5 +119,9 @@ func runContainer(t *testing.T, ctx context.Context, client *containerd.Client, 
 		<-exit
 		t.Error("container timed out")
 	}
+	// Deleting the task waits for its output to be copied; reading buf earlier races with it.
+	if _, err := task.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill); err != nil {
+		t.Logf("delete task: %v", err)
+	}
 	return buf.String()
 }
