@@ -85,6 +85,13 @@ func TestStepCheckpointRollback(t *testing.T) {
 	if len(cks) != 2 || cks[1].ID != ck.ID {
 		t.Errorf("checkpoints after rollback: %+v", cks)
 	}
+	d.cli("verify", id) // state log and a full walk of the tree match the checkpoint
+	d.cli("exec", id, "--", "sh", "-c", "echo tampered > /work/keep.txt")
+	var v api.VerifyResult
+	out, _, code := d.cliRaw("-o", "json", "verify", id)
+	if err := json.Unmarshal([]byte(out), &v); err != nil || code != 1 || v.OK || len(v.Problems) != 1 || !strings.Contains(v.Problems[0], "work/keep.txt") {
+		t.Errorf("verify after a change: exit %d, %+v", code, v)
+	}
 }
 
 func TestCheckpointBadInput(t *testing.T) {

@@ -38,15 +38,16 @@ func (o *Orchestrator) Verify(ctx context.Context, id, ckpt string) (api.VerifyR
 	return res, nil
 }
 
-// verifyFiles reports paths whose state differs from what checkpoint ckpt recorded.
+// verifyFiles compares what checkpoint ckpt recorded with a full walk of the merged tree
+// (the sandbox's mount points and the /.deltabox bind mounts are skipped), path by path.
 func (o *Orchestrator) verifyFiles(ctx context.Context, s *session, ckpt string) ([]string, error) {
-	changes, err := s.fs.Diff(ctx, ckpt, "")
+	mismatches, err := s.fs.Verify(ctx, ckpt, s.merged())
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	for _, c := range changes {
-		out = append(out, fmt.Sprintf("files: /%s %s since checkpoint %s", c.Path, c.Change, ckpt))
+	for _, m := range mismatches {
+		out = append(out, fmt.Sprintf("files: %s: want %s, got %s", m.Path, m.Want, m.Got))
 	}
 	return out, nil
 }
