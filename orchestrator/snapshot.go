@@ -225,12 +225,33 @@ func (o *Orchestrator) Snapshots(ctx context.Context, uri string) ([]api.Snapsho
 	if err != nil {
 		return nil, err
 	}
+	found, err := manifests(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	out := []api.Snapshot{}
+	for name, f := range found {
+		s := api.Snapshot{Name: name, URI: storeURI + "#" + name, Sandbox: f.cfg.Sandbox, Checkpoint: f.cfg.Checkpoint}
+		fillSnapshot(&s, f.cfg, descBlobs(f.m))
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
+}
+
+type storedSnapshot struct {
+	m   ocispec.Manifest
+	cfg snapshotConfig
+}
+
+// manifests reads every snapshot manifest of a store; unreadable ones are logged and skipped.
+func manifests(ctx context.Context, st objectstore.Store) (map[string]storedSnapshot, error) {
 	infos, err := st.List(ctx, "snapshots/")
 	if err != nil {
 		return nil, err
 	}
 	cas := objectstore.NewCAS(st)
-	out := []api.Snapshot{}
+	out := map[string]storedSnapshot{}
 	for _, in := range infos {
 		name, ok := strings.CutSuffix(strings.TrimPrefix(in.Key, "snapshots/"), "/manifest.json")
 		if !ok {
@@ -241,11 +262,8 @@ func (o *Orchestrator) Snapshots(ctx context.Context, uri string) ([]api.Snapsho
 			log.L(ctx).Warn("unreadable snapshot", "name", name, "error", err)
 			continue
 		}
-		s := api.Snapshot{Name: name, URI: storeURI + "#" + name, Sandbox: c.Sandbox, Checkpoint: c.Checkpoint}
-		fillSnapshot(&s, c, descBlobs(m))
-		out = append(out, s)
+		out[name] = storedSnapshot{m: m, cfg: c}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
 }
 
@@ -275,7 +293,7 @@ func (o *Orchestrator) SnapshotRemove(ctx context.Context, uri string) error {
 	if err := st.Delete(ctx, manifestKey(name)); err != nil {
 		return err
 	}
-	keep, err := o.referencedBlobs(ctx, st, cas)
+	keep, err := referencedBlobs(ctx, st)
 	if err != nil {
 		return err
 	}
@@ -289,21 +307,16 @@ func (o *Orchestrator) SnapshotRemove(ctx context.Context, uri string) error {
 	return nil
 }
 
-func (o *Orchestrator) referencedBlobs(ctx context.Context, st objectstore.Store, cas *objectstore.CAS) (map[string]bool, error) {
-	infos, err := st.List(ctx, "snapshots/")
+// referencedBlobs is the set of blob digests the store's remaining snapshots use.
+func referencedBlobs(ctx context.Context, st objectstore.Store) (map[string]bool, error) {
+	found, err := manifests(ctx, st)
 	if err != nil {
 		return nil, err
 	}
 	keep := map[string]bool{}
-	for _, in := range infos {
-		name, ok := strings.CutSuffix(strings.TrimPrefix(in.Key, "snapshots/"), "/manifest.json")
-		if !ok {
-			continue
-		}
-		if m, _, err := readManifest(ctx, st, cas, name); err == nil {
-			for _, b := range descBlobs(m) {
-				keep[b.desc.Digest.String()] = true
-			}
+	for _, f := range found {
+		for _, b := range descBlobs(f.m) {
+			keep[b.desc.Digest.String()] = true
 		}
 	}
 	return keep, nil
