@@ -31,32 +31,36 @@ func (m *Manager) CopyTo(ctx context.Context, id, dest string, r io.Reader) (roo
 
 // CopyFrom writes src of a leased sandbox to w as a tar stream.
 func (m *Manager) CopyFrom(ctx context.Context, id, src string, w io.Writer) error {
-	rel, err := rootfs.CleanPath(src)
-	if err != nil {
-		return err
-	}
-	root, err := m.root(id)
+	root, rel, err := m.openPath(id, src)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
-	if _, err := root.Lstat(rel); err != nil {
-		return err
-	}
 	return root.Archive(rel, w)
 }
 
 // StatPath checks that src exists in a leased sandbox (so errors come before a stream starts).
 func (m *Manager) StatPath(id, src string) error {
+	root, _, err := m.openPath(id, src)
+	if err == nil {
+		root.Close()
+	}
+	return err
+}
+
+// openPath opens a sandbox's root and checks that src exists in it (without following links).
+func (m *Manager) openPath(id, src string) (*rootfs.Root, string, error) {
 	rel, err := rootfs.CleanPath(src)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	root, err := m.root(id)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
-	defer root.Close()
-	_, err = root.Lstat(rel)
-	return err
+	if _, err := root.Lstat(rel); err != nil {
+		root.Close()
+		return nil, "", err
+	}
+	return root, rel, nil
 }
