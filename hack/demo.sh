@@ -143,4 +143,7 @@ printf '\nthe upstream received %d POSTs from the pipeline (one per committed ta
 step release "release: the next lease starts clean"
 show release "${ID}"
 show pool ls
+
+step info "the node, as the daemon sees it"
+show info
 log "demo finished"

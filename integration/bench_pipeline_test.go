@@ -45,6 +45,18 @@ func BenchmarkPipeline(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("DELTABOX_BENCH_TASKS")); err == nil {
 		tasks = v
 	}
+	runBenchPipeline(b, tasks, b.N)
+}
+
+// TestPipelineEffectsReachUpstreamOnce is the CI-sized pipeline target: 20 tasks x 5 steps,
+// about 20% of steps failing once, 16 in parallel; every task finishes and the upstream gets
+// each task's POST exactly once (rolled-back attempts' POSTs are dropped).
+func TestPipelineEffectsReachUpstreamOnce(t *testing.T) {
+	runBenchPipeline(t, 20, 1)
+}
+
+// runBenchPipeline runs the pipeline n times and checks (and, for a benchmark, reports) it.
+func runBenchPipeline(b testing.TB, tasks, n int) {
 	u := startUpstream(b)
 	d := startDaemonWith(b, fmt.Sprintf("[egress]\nupstream_ca_file = %q\n", u.ca))
 	policy := filepath.Join(shortTempDir(b), "policy.yaml")
@@ -60,21 +72,34 @@ func BenchmarkPipeline(b *testing.B) {
 	os.WriteFile(tasksFile, []byte(lines.String()), 0o644)
 	var sum pipeline.Summary
 	var withCkpt, without time.Duration
-	for i := 0; i < b.N; i++ {
+	for i := 0; i < n; i++ {
 		start := time.Now()
 		out := d.cli("-o", "json", "run", pipe, "--tasks", tasksFile, "--parallel", "16")
 		withCkpt = time.Since(start)
 		var last struct{ Summary pipeline.Summary }
 		lastJSON(b, out, &last)
 		sum = last.Summary
-		without = plainRun(b, d, tasks, u.plain.URL)
+		if _, isBench := b.(*testing.B); isBench {
+			without = plainRun(b, d, tasks, u.plain.URL)
+		}
 	}
 	if sum.Succeeded != tasks || sum.Failures == 0 {
 		b.Fatalf("pipeline summary: %+v", sum)
 	}
-	if got := u.count("POST /items"); got != tasks {
-		b.Fatalf("upstream received %d POSTs from %d tasks; want exactly one each (none lost, none sent twice)", got, tasks)
+	if got := u.count("POST /items"); got != tasks*n {
+		b.Fatalf("upstream received %d POSTs from %d tasks; want exactly one each (none lost, none sent twice)", got, tasks*n)
 	}
+	if sum.Effects.Committed != tasks || sum.Effects.Held != 0 {
+		b.Fatalf("effects: %+v, want %d committed and none held", sum.Effects, tasks)
+	}
+	bb, ok := b.(*testing.B)
+	if !ok {
+		return
+	}
+	reportPipeline(bb, sum, tasks, withCkpt, without)
+}
+
+func reportPipeline(b *testing.B, sum pipeline.Summary, tasks int, withCkpt, without time.Duration) {
 	steps := float64(tasks * 5)
 	b.ReportMetric(float64(sum.Failures)/steps*100, "failed-steps-%")
 	b.ReportMetric(float64(sum.Rollbacks), "rollbacks")
