@@ -344,3 +344,23 @@ func lineDiff(want, got string) string {
 	}
 	return b.String()
 }
+
+func TestLongL1ChainGetsAnL2(t *testing.T) {
+	d := startDaemonWith(t, "[checkpoints]\nl2_every = 3\n")
+	d.createPool("bb", busyboxImage, 1)
+	id := d.lease("bb").ID
+	var levels []string
+	for i := 0; i < 5; i++ {
+		d.cli("exec", id, "--", "sh", "-c", fmt.Sprintf("echo %d > /root/f%d", i, i))
+		var ck api.Checkpoint
+		d.cliJSON(&ck, "checkpoint", "create", id)
+		levels = append(levels, ck.Level)
+	}
+	if strings.Join(levels, " ") != "l1 l1 l1 l2 l1" {
+		t.Fatalf("levels of 5 default checkpoints with l2_every = 3: %v", levels)
+	}
+	d.cli("rollback", id, "--to", "2")
+	if out := d.cli("exec", id, "--", "sh", "-c", "cat /root/f*"); out != "0\n" {
+		t.Fatalf("rollback across the automatic L2: %q", out)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -41,12 +42,16 @@ func (o *Orchestrator) Checkpoint(ctx context.Context, id string, req api.Checkp
 // sequence number, the effect watermark and the process list, thaw; then record it durably.
 // The thaw runs even if ctx is cancelled.
 func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.CheckpointRequest) (api.Checkpoint, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req.Level == "" && o.opts.L2Every > 0 && s.l1Chain() >= o.opts.L2Every {
+		req.Level = api.LevelL2 // compaction: bound the delta chain a rollback has to fold
+		req.Message = strings.TrimSpace(req.Message + " (automatic l2)")
+	}
 	level, err := levelOf(req.Level)
 	if err != nil {
 		return api.Checkpoint{}, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	start := time.Now()
 	rec := ckptRecord{Checkpoint: api.Checkpoint{ID: strconv.Itoa(s.meta.Next), Sandbox: s.id,
 		Level: req.Level, Message: req.Message, Created: start.UTC()}}
@@ -77,6 +82,15 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 		"files", rec.FilesChanged, "bytes", rec.Bytes, "frozen_ms", rec.FrozenMS, "total_ms", rec.TotalMS)
 	o.retain(ctx, s)
 	return rec.Checkpoint, nil
+}
+
+// l1Chain counts the L1 checkpoints since the last full (L2/L3) one, the first excluded.
+func (s *session) l1Chain() int {
+	n := 0
+	for i := len(s.ckpts) - 1; i > 0 && s.ckpts[i].Level == api.LevelL1; i-- {
+		n++
+	}
+	return n
 }
 
 // cut runs the frozen window and fills rec; it returns how long the sandbox was frozen.

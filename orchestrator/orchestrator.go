@@ -38,6 +38,7 @@ type Options struct {
 	InitBinary        string        // static deltabox-init to mount into sandboxes
 	Metrics           *prometheus.Registry
 	Retain            int              // checkpoints kept per sandbox (default 64)
+	L2Every           int              // after this many L1 checkpoints in a row the next is L2 (0: never)
 	Network           *network.Options // sandbox networking; nil: loopback only
 	Egress            EgressOptions    // the egress proxy (with Network only)
 	Effects           Effects          // the egress proxy's hooks (default: none held)

@@ -17,7 +17,7 @@ func checkpointCommand() *cli.Command {
 		Subcommands: []*cli.Command{{
 			Name: "create", Usage: "checkpoint a sandbox (files, agent state, effect watermark)", ArgsUsage: "ID",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "level", Value: api.LevelL1, Usage: "l1 (delta), l2 (full) or l3 (processes too)"},
+				&cli.StringFlag{Name: "level", Usage: "l1 (delta; the default, with an automatic l2 after a long chain), l2 (full) or l3 (processes too)"},
 				&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "a note kept with the checkpoint"},
 			},
 			Action: checkpointCreate,

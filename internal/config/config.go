@@ -52,7 +52,8 @@ type Network struct {
 
 // Checkpoints configures step checkpoints.
 type Checkpoints struct {
-	Retain int `toml:"retain"`
+	Retain  int `toml:"retain"`
+	L2Every int `toml:"l2_every"`
 }
 
 // Containerd says which containerd to use.
