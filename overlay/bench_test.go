@@ -10,6 +10,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Benchmarks run on a real overlay mount. Each reports p50/p99 of per-iteration durations
@@ -52,15 +54,27 @@ func modify(b testing.TB, f *fixture, paths []string, n, round int) {
 
 type latencies []time.Duration
 
-func (l latencies) report(b *testing.B) {
+func (l latencies) report(b *testing.B) { l.reportAs(b, "") }
+
+// reportAs reports p50 and p99 under the given metric prefix.
+func (l latencies) reportAs(b *testing.B, prefix string) {
 	if len(l) == 0 {
 		return
 	}
 	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
 	pct := func(p float64) float64 { return float64(l[min(int(p*float64(len(l))), len(l)-1)].Nanoseconds()) }
-	b.ReportMetric(pct(0.50), "p50-ns")
-	b.ReportMetric(pct(0.99), "p99-ns")
+	b.ReportMetric(pct(0.50), prefix+"p50-ns")
+	b.ReportMetric(pct(0.99), prefix+"p99-ns")
 	b.ReportMetric(0, "ns/op")
+}
+
+// cpuTime is the process's user+system CPU time so far. Per-operation CPU time is far less
+// sensitive than latency to other load on a shared machine (it still counts background
+// goroutines that happen to run meanwhile).
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func benchCapture(b *testing.B, files, changed int, opts ...Option) {
@@ -71,20 +85,21 @@ func benchCaptureIn(b *testing.B, files, perDir, changed int, opts ...Option) {
 	f := newFixture(b, nil, opts...)
 	paths := benchTreeIn(b, f, files, perDir)
 	f.capture(b, "base", L2)
-	var lat latencies
+	var lat, cpu latencies
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
 		modify(b, f, paths, changed, i)
 		b.StartTimer()
-		start := time.Now()
+		start, c0 := time.Now(), cpuTime()
 		res := f.capture(b, fmt.Sprintf("c%d", i), L1)
-		lat = append(lat, time.Since(start))
+		lat, cpu = append(lat, time.Since(start)), append(cpu, cpuTime()-c0)
 		if res.FilesChanged < changed {
 			b.Fatalf("captured %d changes, want >= %d", res.FilesChanged, changed)
 		}
 	}
 	lat.report(b)
+	cpu.reportAs(b, "cpu-")
 }
 
 // BenchmarkCaptureL1 is the headline: 10 changed 4 KiB files in a 5,000-file upper dir.
@@ -117,21 +132,22 @@ func BenchmarkRollbackStep(b *testing.B) {
 	f := newFixture(b, nil)
 	paths := benchTree(b, f, 5000)
 	f.capture(b, "base", L2)
-	var lat latencies
+	var lat, cpu latencies
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
 		modify(b, f, paths, 10, i+1)
 		f.capture(b, "step", L1)
 		b.StartTimer()
-		start := time.Now()
+		start, c0 := time.Now(), cpuTime()
 		res := f.rollback(b, "base")
-		lat = append(lat, time.Since(start))
+		lat, cpu = append(lat, time.Since(start)), append(cpu, cpuTime()-c0)
 		if res.FilesRestored < 10 {
 			b.Fatalf("restored %d files, want >= 10", res.FilesRestored)
 		}
 	}
 	lat.report(b)
+	cpu.reportAs(b, "cpu-")
 }
 
 // BenchmarkVerify is a full Verify (5,000 4 KiB files, contents compared) right after a capture.
