@@ -305,3 +305,26 @@ func httpGet(t *testing.T, url string) string {
 	data, _ := io.ReadAll(resp.Body)
 	return string(data)
 }
+
+func TestExecThroughContainerd(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1)
+	l := d.lease("bb", "--env", "FROM_LEASE=l")
+	if out := d.cli("exec", l.ID, "--via", "containerd", "--", "sh", "-c", "echo $FROM_LEASE"); out != "l\n" {
+		t.Errorf("exec via containerd: %q", out)
+	}
+	if _, _, code := d.cliRaw("exec", l.ID, "--via", "containerd", "--", "sh", "-c", "exit 5"); code != 5 {
+		t.Errorf("exit code via containerd: %d", code)
+	}
+	// With the init's socket gone, exec falls back to containerd's task exec.
+	sock := filepath.Join(d.root, "pool", "containers", l.Container, "run", "init.sock")
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	if out := d.cli("exec", l.ID, "--", "echo", "fallback"); out != "fallback\n" {
+		t.Errorf("fallback exec: %q", out)
+	}
+	if _, _, code := d.cliRaw("exec", l.ID, "--via", "init", "--", "true"); code != 1 {
+		t.Errorf("--via init without an init socket: exit %d, want 1", code)
+	}
+}

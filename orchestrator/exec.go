@@ -41,7 +41,7 @@ func (o *Orchestrator) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	st, err := o.pools.Exec(ctx, id, pool.ExecRequest{
 		Argv: req.Argv, Env: req.Env, Workdir: req.Workdir, User: req.User,
-		Timeout: req.Timeout, OutputCap: req.OutputCap, Tag: req.Tag,
+		Timeout: req.Timeout, OutputCap: req.OutputCap, Tag: req.Tag, Via: req.Via,
 	}, stdin, ew.stream(false), ew.stream(true))
 	if err != nil {
 		code, _ := api.FromError(err)

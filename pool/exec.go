@@ -2,10 +2,15 @@ package pool
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/pool/initproto"
 )
 
@@ -18,6 +23,9 @@ type ExecRequest struct {
 	Timeout   time.Duration
 	OutputCap int64
 	Tag       string
+	// Via picks the exec path: "" (the init, falling back to containerd's task exec when the
+	// init does not answer), "init" or "containerd".
+	Via string
 }
 
 // Exec runs a command in a leased sandbox through its init, streaming output.
@@ -34,7 +42,19 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdin io
 	if r.Workdir == "" {
 		r.Workdir = sb.Workdir
 	}
-	st, err := sb.initc.Exec(ctx, r, stdin, stdout, stderr)
+	var st initproto.ExitStatus
+	switch req.Via {
+	case "containerd":
+		st, err = m.rt.execTask(ctx, sb.Container, r, stdin, stdout, stderr)
+	case "", "init":
+		st, err = sb.initc.Exec(ctx, r, stdin, stdout, stderr)
+		if errors.Is(err, initproto.ErrNotListening) && req.Via == "" {
+			log.L(ctx).Warn("sandbox init does not answer; exec through containerd", "sandbox", id, "error", err)
+			st, err = m.rt.execTask(ctx, sb.Container, r, stdin, stdout, stderr)
+		}
+	default:
+		return st, fmt.Errorf("exec via %q: want init or containerd: %w", req.Via, errdefs.ErrInvalidArgument)
+	}
 	m.metrics.observeExec(time.Since(start))
 	return st, err
 }

@@ -23,6 +23,7 @@ func execCommand() *cli.Command {
 			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Usage: "uid[:gid] or name[:group]"},
 			&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "pass standard input to the command"},
 			&cli.Int64Flag{Name: "output-cap", Usage: "bytes of output kept per stream (0: all)"},
+			&cli.StringFlag{Name: "via", Usage: "init (fast) or containerd (runc exec); default: init, containerd if the init does not answer"},
 		},
 		Action: runExec,
 	}
@@ -40,7 +41,7 @@ func runExec(c *cli.Context) error {
 		return usagef("exec needs a command after --")
 	}
 	req := api.ExecRequest{Argv: args[1:], Env: c.StringSlice("env"), Workdir: c.String("workdir"),
-		User: c.String("user"), Timeout: c.Duration("timeout"), OutputCap: c.Int64("output-cap")}
+		User: c.String("user"), Timeout: c.Duration("timeout"), OutputCap: c.Int64("output-cap"), Via: c.String("via")}
 	var stdin io.Reader
 	if c.Bool("interactive") {
 		stdin = os.Stdin

@@ -45,6 +45,7 @@ type ExecRequest struct {
 	OutputCap int64         `json:"output_cap,omitempty"`
 	Stdin     bool          `json:"stdin,omitempty"`
 	Tag       string        `json:"tag,omitempty"`
+	Via       string        `json:"via,omitempty"` // "" (init, containerd as fallback), init, containerd
 }
 
 // ExecEvent is one JSON line of the exec response stream: output as it comes, then exactly

@@ -13,6 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrNotListening means no init listens on the socket: nothing was sent, so the request
+// reached no process (callers may take another path, such as containerd's task exec).
+var ErrNotListening = fmt.Errorf("sandbox init is not listening: %w", errdefs.ErrUnavailable)
+
 // dialSocket connects to the unix socket at path without ever following a symlink in its
 // last component: the sandbox can write the socket's directory and could otherwise point
 // the host at any host socket. Parent directories are host-owned and trusted.
@@ -25,7 +29,7 @@ func dialSocket(ctx context.Context, path string) (*net.UnixConn, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
 	if err != nil {
-		return nil, fmt.Errorf("connect to init socket %s: %v: %w", path, err, errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("connect to init socket %s: %v: %w", path, err, ErrNotListening)
 	}
 	return conn.(*net.UnixConn), nil
 }
@@ -52,7 +56,7 @@ func openSocketPath(path string) (int, error) {
 func classifyOpenError(path string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("init socket %s: %v: %w", path, err, errdefs.ErrUnavailable)
+		return fmt.Errorf("init socket %s: %v: %w", path, err, ErrNotListening)
 	case errors.Is(err, unix.ELOOP):
 		return fmt.Errorf("init socket %s is a symlink, refusing: %w", path, errdefs.ErrPermissionDenied)
 	}
