@@ -194,9 +194,10 @@ func createFile(pfd int, name string, e *Entry, src source) error {
 
 // rewriteFile restores, in place, a regular file the plan found with a single link (so no
 // other path sees the write): its content is overwritten and cut to size, then its attributes
-// are set. Creating a file through overlayfs costs tens of times more than rewriting one, and
-// an in-place rewrite that never truncates to zero first also avoids ext4's flush-on-close
-// of replaced files. Processes that hold the file open see the restored content. Anything
+// are set. Creating a file costs tens of times more than rewriting one (a new inode: on a
+// busy ext4 the allocator reads inode tables to skip recently deleted inodes, 0.1-0.3 ms per
+// create measured here), and a rewrite that never truncates to zero first also avoids ext4's
+// flush-on-close of replaced files. Processes that hold the file open see the restored content. Anything
 // else found there (the sandbox is frozen, so only a broken assumption) is replaced instead.
 func rewriteFile(pfd int, name string, e *Entry, src source) error {
 	fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
