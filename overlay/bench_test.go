@@ -193,4 +193,3 @@ func BenchmarkBaselineWalkDir(b *testing.B) {
 	lat.report(b)
 }
 
-var benchTreeT, modifyT = benchTree, modify

@@ -3,7 +3,6 @@
 package overlay
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/deltabox/deltabox/internal/log"
 )
 
 // Store is the layer store of one sandbox: a linear chain of checkpoints (IDs in capture
@@ -351,11 +349,6 @@ func (s *Store) lookup(id string) (int, error) {
 		return -1, fmt.Errorf("checkpoint %s: %w", id, errdefs.ErrNotFound)
 	}
 	return pos, nil
-}
-
-// logger returns the context logger with the store's fields.
-func (s *Store) logger(ctx context.Context) context.Context {
-	return log.With(ctx, "layer_store", s.dir)
 }
 
 // stateAt returns the upper state at chain position pos.
