@@ -192,4 +192,3 @@ func BenchmarkBaselineWalkDir(b *testing.B) {
 	}
 	lat.report(b)
 }
-

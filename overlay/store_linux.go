@@ -14,7 +14,6 @@ import (
 	"sync"
 
 	"github.com/containerd/errdefs"
-
 )
 
 // Store is the layer store of one sandbox: a linear chain of checkpoints (IDs in capture
