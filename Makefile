@@ -9,7 +9,7 @@ VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 
 COMMIT      ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS     := -X $(PKG)/internal/version.Version=$(VERSION) -X $(PKG)/internal/version.Commit=$(COMMIT)
 BIN         := $(CURDIR)/bin
-TEST_FLAGS  ?= -count=1 -timeout 60m
+TEST_FLAGS  ?= -count=1 -p 1 -timeout 60m
 export GOFLAGS := -buildvcs=false
 
 # The environment the root and integration tests (and the demo) run in.
@@ -40,6 +40,8 @@ images: containerd ## build and import the busybox and python images (into both 
 
 setup: deps containerd images
 
+# -p 1: packages one at a time; the root tests of several packages share containerd, iptables
+# and CRIU's network lock, and their timings are tuned for a machine they have to themselves.
 test: setup build ## unit, root and integration tests against the real stack
 	$(TEST_ENV) $(GO) test $(TEST_FLAGS) ./...
 
