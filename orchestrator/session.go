@@ -91,6 +91,9 @@ func (o *Orchestrator) openSession(ctx context.Context, s *session, doc json.Raw
 	if err := s.loadCheckpoints(ctx); err != nil {
 		return err
 	}
+	if l := s.latest(); l != nil { // resumed after a restart: effects carry its tag again
+		o.effects.SetCheckpoint(s.id, l.ID)
+	}
 	if len(s.ckpts) == 0 {
 		if err := s.seedState(ctx, doc); err != nil {
 			return err
