@@ -39,7 +39,7 @@ func main() {
 
 func parse(r io.Reader) ([]result, error) {
 	var out []result
-	pkg := ""
+	pkg, pending := "", ""
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -49,14 +49,21 @@ func parse(r io.Reader) ([]result, error) {
 			continue
 		}
 		f := strings.Fields(line)
-		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
+		if len(f) > 0 && strings.HasPrefix(f[0], "Benchmark") {
+			pending = strings.TrimPrefix(f[0], "Benchmark")
+			f = f[1:]
+		}
+		// A result is "N  V ns/op  V unit ...", on the name's line or, when something printed
+		// in between, on a later one.
+		if pending == "" || len(f) < 3 || !isCount(f[0]) || f[2] != "ns/op" {
 			continue
 		}
-		res := result{pkg: pkg, name: strings.TrimPrefix(f[0], "Benchmark"), metrics: map[string]string{}}
-		for i := 2; i+1 < len(f); i += 2 {
+		res := result{pkg: pkg, name: pending, metrics: map[string]string{}}
+		for i := 1; i+1 < len(f); i += 2 {
 			res.metrics[f[i+1]] = f[i]
 		}
 		out = append(out, res)
+		pending = ""
 	}
 	return out, sc.Err()
 }
@@ -74,4 +81,13 @@ func write(w io.Writer, results []result) {
 			fmt.Fprintf(w, "| %s | %s | %s | %s |\n", r.pkg, r.name, k, r.metrics[k])
 		}
 	}
+}
+
+func isCount(s string) bool {
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
