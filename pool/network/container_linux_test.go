@@ -76,10 +76,15 @@ func TestContainer(t *testing.T) {
 		"other-port-blocked",
 		"dns-blocked",
 	}
-	// The container's output now and then arrives cut short on this shared machine (the
-	// checks themselves are deterministic): a run counts when its output is complete.
+	// Right after a bridge is created the first runs' output sometimes stops after the first
+	// bytes of the proxy's answer (seen in CI; the cause is not understood yet, and sandboxes
+	// made later on the same bridge are not affected): a run counts when its output is
+	// complete, and a fresh bridge gets a few tries.
 	var missing []string
-	for attempt := 1; attempt <= 3; attempt++ {
+	for attempt := 1; attempt <= 6; attempt++ {
+		if attempt > 1 {
+			time.Sleep(500 * time.Millisecond)
+		}
 		out := runContainer(t, ctx, client, img, att, script)
 		t.Logf("container output (attempt %d):\n%s", attempt, out)
 		missing = missing[:0]
