@@ -146,6 +146,14 @@ func TestEgressBusyboxWget(t *testing.T) {
 	if u.count("GET /data") != 1 {
 		t.Fatalf("upstream saw %d GETs, want 1", u.count("GET /data"))
 	}
+	// The released sandbox comes back (same address) for the next lease: the proxy must know
+	// it under the new lease.
+	d.cli("release", id)
+	d.waitReady("net", 1, 30*time.Second)
+	next := d.lease("net", noProxyBypass...).ID
+	if out := d.cli("exec", next, "--", "wget", "-q", "-O", "-", u.plain.URL+"/data"); out != "real body from upstream" {
+		t.Fatalf("busybox wget after re-lease: %q", out)
+	}
 }
 
 func TestEgressNothingGoesAround(t *testing.T) {

@@ -127,11 +127,22 @@ func (o *Orchestrator) createPool(r *http.Request) (any, error) {
 }
 
 func (o *Orchestrator) removePool(r *http.Request) (any, error) {
+	name := r.PathValue("name")
 	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
-	if err := o.pools.RemovePool(r.Context(), r.PathValue("name"), force); err != nil {
+	var leased []pool.Sandbox
+	for _, sb := range o.pools.List() {
+		if sb.Pool == name {
+			leased = append(leased, sb)
+		}
+	}
+	if err := o.pools.RemovePool(r.Context(), name, force); err != nil {
 		return nil, err
 	}
-	return map[string]string{"removed": r.PathValue("name")}, nil
+	for _, sb := range leased { // destroyed with the pool (force)
+		o.unregisterEgress(sb)
+		o.endSession(r.Context(), sb.ID)
+	}
+	return map[string]string{"removed": name}, nil
 }
 
 func (o *Orchestrator) scalePool(r *http.Request) (any, error) {
@@ -161,6 +172,11 @@ func (o *Orchestrator) lease(r *http.Request) (any, error) {
 
 func (o *Orchestrator) release(r *http.Request) (any, error) {
 	id := r.PathValue("id")
+	// The proxy forgets the sandbox's address before the pool can hand the sandbox (and so
+	// the address) to the next lease.
+	if sb, err := o.pools.Get(id); err == nil {
+		o.unregisterEgress(sb)
+	}
 	if err := o.pools.Release(r.Context(), id); err != nil {
 		return nil, err
 	}

@@ -198,7 +198,6 @@ func (o *Orchestrator) endSession(ctx context.Context, id string) {
 	if err := s.close(); err != nil {
 		log.L(ctx).Warn("close session", "sandbox", id, "error", err)
 	}
-	o.unregisterEgress(s.sb)
 	o.effects.Forget(id)
 	if err := os.RemoveAll(s.dir); err != nil {
 		log.L(ctx).Warn("remove session dir", "sandbox", id, "error", err)
