@@ -1,4 +1,4 @@
-// Command deltabox is DeltaBox's one binary: `deltabox daemon` runs the node agent and every
+// Package main is deltabox, DeltaBox's one binary: `deltabox daemon` runs the node agent and every
 // other verb is a thin client of its HTTP/JSON API. Each verb parses flags into options,
 // calls one client function and prints the result as text or, with -o json, as JSON.
 package main

@@ -1,4 +1,4 @@
-// Command benchreport turns `go test -bench` output (stdin) into the markdown tables of
+// Package main is benchreport: it turns `go test -bench` output (stdin) into the markdown tables of
 // docs/benchmarks.md: one row per benchmark with each custom metric (p50/p99 in ms, ratios
 // against the baseline measured in the same run). The header text is read from a file.
 package main
