@@ -38,17 +38,6 @@ ctr_ns() {
 	ctr --address "${ADDRESS}" -n "${NS}" "$@" 2> >(grep -v 'DEPRECATION: The support for cgroup v1' >&2 || true)
 }
 
-# debian_mirror: the Debian archive URI this machine's apt uses.
-debian_mirror() {
-	local f uri=""
-	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list; do
-		[[ -f ${f} ]] || continue
-		uri=$(grep -E '^(URIs:|deb )' "${f}" | grep -oE 'https?://[^ ]+/debian/?( |$)' | head -n1 | tr -d ' ' || true)
-		[[ -z ${uri} ]] || break
-	done
-	echo "${uri:-http://deb.debian.org/debian}"
-}
-
 # recipe_key NAME EXTRA...: a short hash of everything the image is built from.
 recipe_key() {
 	{

@@ -132,17 +132,6 @@ criu_version_of() {
 	"$1" --version 2>/dev/null | awk '/^Version:/ { print $2; exit }'
 }
 
-# debian_mirror: the Debian archive URI this machine's apt uses.
-debian_mirror() {
-	local f uri=""
-	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list; do
-		[[ -f ${f} ]] || continue
-		uri=$(grep -E '^(URIs:|deb )' "${f}" | grep -oE 'https?://[^ ]+/debian/?( |$)' | head -n1 | tr -d ' ' || true)
-		[[ -z ${uri} ]] || break
-	done
-	echo "${uri:-http://deb.debian.org/debian}"
-}
-
 build_criu() {
 	local out=$1 work
 	log "adding deb-src for ${CRIU_DEBIAN_SUITE} in ${CRIU_SRC_LIST}"

@@ -37,3 +37,14 @@ need_root() {
 }
 
 have() { command -v "$1" >/dev/null 2>&1; }
+
+# debian_mirror: the Debian archive URI this machine's apt uses.
+debian_mirror() {
+	local f uri=""
+	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list; do
+		[[ -f ${f} ]] || continue
+		uri=$(grep -E '^(URIs:|deb )' "${f}" | grep -oE 'https?://[^ ]+/debian/?( |$)' | head -n1 | tr -d ' ' || true)
+		[[ -z ${uri} ]] || break
+	done
+	echo "${uri:-http://deb.debian.org/debian}"
+}

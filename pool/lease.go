@@ -42,9 +42,6 @@ type Sandbox struct {
 	initc        *initproto.Client
 }
 
-// Init is the client of the sandbox's init.
-func (s Sandbox) Init() *initproto.Client { return s.initc }
-
 // LeaseResult is what Lease returns.
 type LeaseResult struct {
 	Sandbox
