@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,6 +89,15 @@ func (d *daemon) start() {
 	d.logs = &bytes.Buffer{}
 	d.cmd = exec.Command(d.env.bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
+	if path := os.Getenv("DELTABOX_TEST_DAEMON_LOG"); path != "" { // keep the logs for a look
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		d.t.Cleanup(func() { _ = f.Close() })
+		w := io.MultiWriter(d.logs, f) // one writer for both, so one goroutine writes at a time
+		d.cmd.Stdout, d.cmd.Stderr = w, w
+	}
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatalf("start daemon: %v", err)
 	}

@@ -95,6 +95,7 @@ func (s *session) l1Chain() int {
 
 // cut runs the frozen window and fills rec; it returns how long the sandbox was frozen.
 func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, error) {
+	start := time.Now()
 	if err := s.frz.Freeze(ctx); err != nil {
 		return 0, err
 	}
@@ -103,10 +104,14 @@ func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level,
 	if err := o.capture(ctx, s, level, rec); err != nil {
 		return 0, err
 	}
+	captured := time.Now()
 	if err := o.thaw(ctx, s); err != nil {
 		return 0, err
 	}
-	return time.Since(frozenAt), nil
+	thawed := time.Now()
+	log.L(ctx).Debug("checkpoint cut", "sandbox", s.id, "checkpoint", rec.ID,
+		"freeze", frozenAt.Sub(start), "capture", captured.Sub(frozenAt), "thaw", thawed.Sub(captured))
+	return thawed.Sub(frozenAt), nil
 }
 
 // capture records a frozen sandbox into rec: its files, state sequence number, effect

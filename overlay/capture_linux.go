@@ -37,6 +37,7 @@ func (s *Store) Capture(ctx context.Context, req CaptureRequest) (*CaptureResult
 	if err != nil {
 		return nil, fmt.Errorf("capture %s: scan upper dir: %w", req.ID, err)
 	}
+	scanned := time.Now()
 	m, f, copied, err := s.writeCheckpoint(rootfd, req, full, res)
 	if err != nil {
 		return nil, fmt.Errorf("capture %s: %w", req.ID, err)
@@ -47,7 +48,8 @@ func (s *Store) Capture(ctx context.Context, req CaptureRequest) (*CaptureResult
 		out.Paths = append(out.Paths, e.Path)
 	}
 	log.L(ctx).Debug("overlay checkpoint captured", "checkpoint", m.ID, "level", m.Level.String(),
-		"files_changed", out.FilesChanged, "bytes_copied", copied, "duration", out.Duration)
+		"files_changed", out.FilesChanged, "bytes_copied", copied, "duration", out.Duration,
+		"scan", scanned.Sub(start), "write", time.Since(scanned))
 	return out, nil
 }
 

@@ -3,7 +3,9 @@ package pool
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // freezeTimeout bounds how long a freeze may take before it is undone and reported.
@@ -33,12 +36,48 @@ func NewFreezer(cgroupsPath string) Freezer {
 }
 
 // Freeze stops every process of the sandbox and waits until the kernel says it is frozen.
+// With cgroup v2 it waits on cgroup.events with poll(2): the kernel signals the file when its
+// "frozen" value changes, which wakes the wait within microseconds, where Go's timers (and
+// so short sleeps) fire up to a millisecond late.
 func (f Freezer) Freeze(ctx context.Context) error {
-	file, want := "freezer.state", "FROZEN"
-	if f.v2 {
-		file, want = "cgroup.freeze", "1"
+	if !f.v2 {
+		return f.freezeV1(ctx)
 	}
-	if err := os.WriteFile(filepath.Join(f.dir, file), []byte(want), 0); err != nil {
+	ev, err := os.Open(filepath.Join(f.dir, "cgroup.events"))
+	if err != nil {
+		return fmt.Errorf("freeze %s: %w", f.dir, err)
+	}
+	defer ev.Close()
+	if err := os.WriteFile(filepath.Join(f.dir, "cgroup.freeze"), []byte("1"), 0); err != nil {
+		return fmt.Errorf("freeze %s: %w", f.dir, err)
+	}
+	buf := make([]byte, 256)
+	deadline := time.Now().Add(freezeTimeout)
+	for {
+		n, err := ev.ReadAt(buf, 0)
+		if err != nil && !errors.Is(err, io.EOF) {
+			_ = f.Thaw()
+			return fmt.Errorf("freeze %s: read cgroup.events: %w", f.dir, err)
+		}
+		if bytes.Contains(buf[:n], []byte("frozen 1")) {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			_ = f.Thaw()
+			return fmt.Errorf("sandbox cgroup %s did not freeze within %s: %w", f.dir, freezeTimeout, errdefs.ErrUnavailable)
+		}
+		// Wakes on the next change of the file (or after 10 ms, to check ctx and the deadline).
+		fds := []unix.PollFd{{Fd: int32(ev.Fd()), Events: unix.POLLPRI}}
+		if _, err := unix.Poll(fds, 10); err != nil && !errors.Is(err, unix.EINTR) {
+			_ = f.Thaw()
+			return fmt.Errorf("freeze %s: poll cgroup.events: %w", f.dir, err)
+		}
+	}
+}
+
+// freezeV1 is Freeze on cgroup v1, whose freezer.state cannot be polled.
+func (f Freezer) freezeV1(ctx context.Context) error {
+	if err := os.WriteFile(filepath.Join(f.dir, "freezer.state"), []byte("FROZEN"), 0); err != nil {
 		return fmt.Errorf("freeze %s: %w", f.dir, err)
 	}
 	deadline := time.Now().Add(freezeTimeout)
