@@ -105,6 +105,10 @@ func benchCaptureIn(b *testing.B, files, perDir, changed int, opts ...Option) {
 // BenchmarkCaptureL1 is the headline: 10 changed 4 KiB files in a 5,000-file upper dir.
 func BenchmarkCaptureL1(b *testing.B) { benchCapture(b, 5000, 10) }
 
+// BenchmarkCaptureL1Walk is the headline case without the change tracker: every capture
+// walks the whole upper dir (the baseline of BenchmarkCaptureL1, measured in the same run).
+func BenchmarkCaptureL1Walk(b *testing.B) { benchCapture(b, 5000, 10, WithoutTracking()) }
+
 // BenchmarkCaptureL1NoSync is the same without fsync (the scan + copy cost alone).
 func BenchmarkCaptureL1NoSync(b *testing.B) { benchCapture(b, 5000, 10, WithoutSync()) }
 
@@ -123,6 +127,9 @@ func BenchmarkCaptureChanged(b *testing.B) {
 func BenchmarkCaptureTree(b *testing.B) {
 	for _, n := range []int{1000, 10000, 50000} {
 		b.Run(fmt.Sprintf("files=%d", n), func(b *testing.B) { benchCapture(b, n, 10) })
+	}
+	for _, n := range []int{1000, 10000, 50000} {
+		b.Run(fmt.Sprintf("walk/files=%d", n), func(b *testing.B) { benchCapture(b, n, 10, WithoutTracking()) })
 	}
 }
 

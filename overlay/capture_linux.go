@@ -33,7 +33,7 @@ func (s *Store) Capture(ctx context.Context, req CaptureRequest) (*CaptureResult
 	}
 	defer unix.Close(rootfd)
 	full := req.Level == L2 || len(s.chain) == 0
-	res, err := scanUpper(ctx, rootfd, s.idx, full, s.opts.workers)
+	res, err := s.scan(ctx, rootfd, req.Upper, full, req.Hints)
 	if err != nil {
 		return nil, fmt.Errorf("capture %s: scan upper dir: %w", req.ID, err)
 	}

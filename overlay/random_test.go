@@ -26,13 +26,19 @@ func TestRandomizedRollback(t *testing.T) {
 	ops, seed := envInt("DELTABOX_OVERLAY_RANDOM_OPS", 400), envInt("DELTABOX_OVERLAY_RANDOM_SEED", 1)
 	f := newFixture(t, standardLower)
 	r := &randomizer{t: t, f: f, rng: rand.New(rand.NewPCG(uint64(seed), 7)), walks: map[string]map[string]nodeInfo{}}
+	tracked, walked := scanCounts.tracked.Load(), scanCounts.walked.Load()
 	r.checkpoint(L1)
 	for i := 0; i < ops; i++ {
 		r.step(i)
 	}
 	ids := f.s.Checkpoints()
 	r.rollback(ids[r.rng.IntN(len(ids))])
-	t.Logf("seed %d: %d ops, %d checkpoints, %d rollbacks, %d reopens, %d deletes", seed, ops, r.n, r.rollbacks, r.reopens, r.deletes)
+	tracked, walked = scanCounts.tracked.Load()-tracked, scanCounts.walked.Load()-walked
+	t.Logf("seed %d: %d ops, %d checkpoints, %d rollbacks, %d reopens, %d deletes; scans: %d tracked (each checked against a walk), %d walked",
+		seed, ops, r.n, r.rollbacks, r.reopens, r.deletes, tracked, walked)
+	if tracked < walked {
+		t.Errorf("only %d of %d scans used the change tracker", tracked, tracked+walked)
+	}
 }
 
 func envInt(name string, def int) int {

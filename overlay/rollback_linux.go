@@ -57,7 +57,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 		return nil, err
 	}
 	defer fds.close()
-	res, err := scanUpper(ctx, fds.upper, s.idx, false, s.opts.workers)
+	res, err := s.scan(ctx, fds.upper, req.Upper, false, req.Hints)
 	if err != nil {
 		return nil, fmt.Errorf("scan upper dir: %w", err)
 	}
@@ -80,6 +80,13 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 	}
 	if err := s.finishRollback(pos, fds.upper, res, pl, target); err != nil {
 		return nil, err
+	}
+	if s.trk != nil { // the next capture checks the rewritten paths again, events or not
+		touched := make([]string, 0, len(pl.touched))
+		for p := range pl.touched {
+			touched = append(touched, p)
+		}
+		s.trk.touch(touched)
 	}
 	return &RollbackResult{FilesRestored: len(pl.done), Paths: pl.done}, nil
 }

@@ -68,26 +68,29 @@ type scanResult struct {
 	gone    []string   // indexed paths no longer in the upper dir
 	dirs    map[string]*dirList
 	gen     uint64
+
+	walked bool // the whole upper dir was walked
+	trk    *tracker
+	tok    scanToken
 }
 
 // scanUpper walks the upper dir open as rootfd and reports every path that is new or whose
 // key differs from the index (every path when all is set), and indexed paths that are gone.
 // The index is only read (and its generation marks set); apply commits the result.
-func scanUpper(ctx context.Context, rootfd int, ix *index, all bool, workers int) (*scanResult, error) {
+// With a tracker, every directory walked gets a watch.
+func scanUpper(ctx context.Context, rootfd int, ix *index, all bool, workers int, trk *tracker) (*scanResult, error) {
 	var root unix.Stat_t
 	if err := unix.Fstat(rootfd, &root); err != nil {
 		return nil, fmt.Errorf("stat upper root: %w", err)
 	}
-	ix.gen++ // every scan marks with a fresh generation, committed or not
-	w := &walker{ctx: ctx, rootfd: rootfd, ix: ix, all: all, gen: ix.gen,
-		sem: make(chan struct{}, max(workers, 1)), dirs: map[string]*dirList{}}
+	w := newWalker(ctx, rootfd, ix, all, workers, trk)
 	w.wg.Add(1)
 	go w.dir("", root)
 	w.wg.Wait()
 	if w.err != nil {
 		return nil, w.err
 	}
-	res := &scanResult{changed: w.changed, dirs: w.dirs, gen: w.gen}
+	res := &scanResult{changed: w.changed, dirs: w.dirs, gen: w.gen, walked: true}
 	for p, ie := range ix.keys {
 		if ie.gen != w.gen {
 			res.gone = append(res.gone, p)
@@ -98,10 +101,21 @@ func scanUpper(ctx context.Context, rootfd int, ix *index, all bool, workers int
 	return res, nil
 }
 
-// apply commits a scan to the index.
+// newWalker prepares a walk with a fresh generation mark (every scan gets one, committed or
+// not).
+func newWalker(ctx context.Context, rootfd int, ix *index, all bool, workers int, trk *tracker) *walker {
+	ix.gen++
+	return &walker{ctx: ctx, rootfd: rootfd, ix: ix, all: all, gen: ix.gen, trk: trk,
+		sem: make(chan struct{}, max(workers, 1)), dirs: map[string]*dirList{}}
+}
+
+// apply commits a scan to the index (and tells the tracker what it covered).
 func (ix *index) apply(res *scanResult) {
 	for _, c := range res.changed {
 		ix.keys[c.entry.Path] = &idxEntry{key: keyOf(&c.st), gen: res.gen}
+	}
+	if res.trk != nil {
+		res.trk.commit(res.tok, res.walked)
 	}
 	for _, p := range res.gone {
 		delete(ix.keys, p)
@@ -120,6 +134,7 @@ type walker struct {
 	ix      *index
 	all     bool
 	gen     uint64
+	trk     *tracker // nil: no watches
 	sem     chan struct{}
 	wg      sync.WaitGroup
 	mu      sync.Mutex
@@ -198,6 +213,9 @@ func (w *walker) open(rel string, st *unix.Stat_t) (int, *dirList, error) {
 	fd, err := openBeneath(w.rootfd, rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW)
 	if err != nil {
 		return -1, nil, fmt.Errorf("open upper dir %q: %w", rel, err)
+	}
+	if w.trk != nil {
+		_ = w.trk.watch(fd, rel)
 	}
 	d, err := w.names(fd, rel, st)
 	if err != nil {

@@ -28,6 +28,7 @@ type Store struct {
 	idx     *index              // upper dir as of the latest checkpoint or rollback
 	state   map[string]*Entry   // upper state at the latest checkpoint
 	pending *rollbackRecord     // rollback not yet absorbed by a capture
+	trk     *tracker            // change tracker of the upper dir (nil until the first scan)
 	spare   chan *os.File       // an empty temp file made in the background (see tempFile)
 	bg      sync.WaitGroup      // background temp file creation
 }
@@ -39,6 +40,7 @@ type options struct {
 	workers int
 	sync    bool
 	reflink bool
+	track   bool
 }
 
 // WithScanWorkers sets how many goroutines stat the upper dir in parallel (default 2).
@@ -52,6 +54,10 @@ func WithScanWorkers(n int) Option {
 
 // WithoutSync skips fsync; for tests and benchmarks that measure the non-durable cost only.
 func WithoutSync() Option { return func(o *options) { o.sync = false } }
+
+// WithoutTracking makes every scan walk the whole upper dir instead of statting only the
+// paths the change tracker saw change; for comparisons and for filesystems without inotify.
+func WithoutTracking() Option { return func(o *options) { o.track = false } }
 
 // WithoutReflink disables FICLONE attempts (copy_file_range is used).
 func WithoutReflink() Option { return func(o *options) { o.reflink = false } }
@@ -70,7 +76,7 @@ const rollbackFile = "rollback.json"
 // interrupted capture, finishes an interrupted rollback or delete, and rebuilds the index, so
 // a restarted daemon continues where the last durable checkpoint left off.
 func NewStore(dir string, opts ...Option) (*Store, error) {
-	o := options{workers: 2, sync: true, reflink: true}
+	o := options{workers: 2, sync: true, reflink: true, track: true}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -91,6 +97,10 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.dropSpare()
+	if s.trk != nil {
+		s.trk.close()
+		s.trk = nil
+	}
 	for id, f := range s.packs {
 		f.Close()
 		delete(s.packs, id)

@@ -84,6 +84,10 @@ type CaptureRequest struct {
 	Level  Level    // L1 (delta) or L2 (full)
 	Upper  string   // the overlay upper dir (read only)
 	Lower  []string // the overlay lower dirs, topmost first (recorded for Diff/Export)
+	// Hints are paths (relative to the sandbox root) that may have changed without the kernel
+	// reporting it to the change tracker: files the sandbox's processes hold open for writing
+	// or have mapped shared and writable (WritableFiles lists them).
+	Hints []string
 }
 
 // CaptureResult describes a stored checkpoint.
@@ -102,6 +106,7 @@ type RollbackRequest struct {
 	Upper  string   // the upper dir (read only)
 	Lower  []string // the lower dirs, topmost first
 	Target string   // checkpoint to restore
+	Hints  []string // as in CaptureRequest
 }
 
 // RollbackResult lists what a rollback restored.

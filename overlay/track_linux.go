@@ -1,0 +1,529 @@
+//go:build linux
+
+package overlay
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Change tracking: which upper-dir paths and inodes may have changed since the last applied
+// scan.
+//
+// A walk of the upper dir costs one fstatat per entry (~5 ms for 5,000 files here), which is
+// most of an L1 checkpoint. The tracker lets a capture stat only what may have changed. It is
+// written by hand on fanotify because no library fits: fsnotify/fsnotify is inotify, whose
+// events name a path only, and a capture must drain the queue synchronously, while the
+// sandbox is frozen, to know it has every event of every completed write.
+//
+// One fanotify group with a filesystem mark on the upper dirs' filesystem sees every change
+// made there, whichever directory it happens in, each event naming the parent directory (by
+// file handle) and entry name and the changed inode (by file handle). Writes through the
+// overlay mount reach the upper filesystem through the VFS, so they are all seen: content
+// writes (write, truncate, fallocate, copy_file_range), metadata (chmod, chown, utimes,
+// xattrs, link counts), creates, deletes, renames, copy-ups and whiteouts.
+//
+// Directories of an upper dir are known by file handle (registered by the walks and the
+// scans that look at them). An event in a known directory makes its path "dirty", and the
+// directory's own path when a name in it was created, deleted or moved (its mtime moved).
+// Every event's inode, wherever it happened, is remembered by handle: a scan resolves the
+// handles to inode numbers and stats every indexed path of those inodes. That covers what
+// paths cannot: overlayfs reports changes to a hard-linked file under whichever name it first
+// looked the inode up by (possibly deleted since, possibly in a deleted directory), and a link
+// count change has no name at all. A scan stats the dirty paths and the paths of the changed
+// inodes, and walks directories that are new at their path or not registered yet.
+//
+// What is not reported, and how it is covered:
+//   - Writes through a shared writable mmap are reported only when the file's last reference
+//     goes (close-write). The caller passes the files its sandbox's processes hold open for
+//     writing or have mapped shared and writable (see WritableFiles) as hints, which are
+//     stat'ed like dirty paths.
+//   - A full event queue, a handle that cannot be resolved, too many dirty entries, or a
+//     directory another tracker registered: the tracker stops vouching, and the next scan
+//     walks the whole upper dir again (which re-primes it).
+//
+// The mark sees the whole filesystem (the host's writes to it too); a goroutine drains it as
+// events come, keeping only handles and names, so the kernel queue does not overflow between
+// checkpoints.
+
+// fanMask is what the filesystem mark reports.
+const fanMask = unix.FAN_MODIFY | unix.FAN_ATTRIB | unix.FAN_CLOSE_WRITE | unix.FAN_CREATE |
+	unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO | unix.FAN_DELETE_SELF |
+	unix.FAN_MOVE_SELF | unix.FAN_ONDIR
+
+// fanNamespace are the events that change a directory's entries.
+const fanNamespace = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO
+
+// maxDirty bounds what a tracker (and the watcher, in changed inodes) keeps between scans:
+// past it the tracker gives up until the next walk, which is then the cheaper scan anyway.
+const maxDirty = 1 << 16
+
+// watcher is the process's fanotify group.
+type watcher struct {
+	mu       sync.Mutex
+	fd       int
+	seq      uint64 // drain generation: what one drain reads is marked with it
+	marked   map[string]bool
+	dirs     map[string]*watchDir // directory handle key → directory
+	inodes   map[string]*inodeRec // changed inodes by handle key
+	trackers map[*tracker]bool
+	buf      []byte
+}
+
+// watchDir is one registered upper directory.
+type watchDir struct {
+	t   *tracker
+	rel string // its path in the upper dir when last registered
+}
+
+// inodeRec is a changed inode seen by handle.
+type inodeRec struct {
+	fsid   string
+	handle unix.FileHandle
+	seq    uint64
+	ino    uint64 // resolved inode number; 0 until resolved
+	gone   bool   // resolved as deleted (no link left)
+}
+
+var (
+	theWatcher     *watcher
+	theWatcherErr  error
+	theWatcherOnce sync.Once
+)
+
+// sharedWatcher returns the process's watcher, starting it on first use.
+func sharedWatcher() (*watcher, error) {
+	theWatcherOnce.Do(func() {
+		fd, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|
+			unix.FAN_REPORT_DFID_NAME|unix.FAN_REPORT_FID, unix.O_RDONLY|unix.O_CLOEXEC)
+		if err != nil {
+			theWatcherErr = fmt.Errorf("fanotify_init: %w", err)
+			return
+		}
+		theWatcher = &watcher{fd: fd, marked: map[string]bool{}, dirs: map[string]*watchDir{},
+			inodes: map[string]*inodeRec{}, trackers: map[*tracker]bool{}, buf: make([]byte, 256<<10)}
+		go theWatcher.loop()
+	})
+	return theWatcher, theWatcherErr
+}
+
+// loop drains events as they come.
+func (w *watcher) loop() {
+	fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
+	for {
+		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
+			slog.Error("overlay change tracker: poll fanotify", "error", err)
+			return
+		}
+		w.mu.Lock()
+		w.drain()
+		w.mu.Unlock()
+	}
+}
+
+// drain reads every queued event. Callers hold w.mu.
+func (w *watcher) drain() {
+	w.seq++
+	for {
+		n, err := unix.Read(w.fd, w.buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n <= 0 {
+			if err != nil && !errors.Is(err, unix.EAGAIN) {
+				w.overflow("reading fanotify: " + err.Error())
+			}
+			return
+		}
+		for off := 0; off+int(unsafe.Sizeof(unix.FanotifyEventMetadata{})) <= n; {
+			md := (*unix.FanotifyEventMetadata)(unsafe.Pointer(&w.buf[off]))
+			if md.Event_len == 0 || off+int(md.Event_len) > n {
+				break
+			}
+			if md.Fd >= 0 {
+				unix.Close(int(md.Fd))
+			}
+			w.event(md.Mask, w.buf[off+int(md.Metadata_len):off+int(md.Event_len)])
+			off += int(md.Event_len)
+		}
+	}
+}
+
+// fidRecord is one parsed fanotify info record carrying a file handle.
+type fidRecord struct {
+	kind   uint8
+	fsid   string
+	handle unix.FileHandle
+	key    string
+	name   string
+}
+
+// parseRecords reads the info records of one event.
+func parseRecords(b []byte) []fidRecord {
+	var out []fidRecord
+	for len(b) >= 4 {
+		kind, size := b[0], int(binary.LittleEndian.Uint16(b[2:]))
+		if size < 4 || size > len(b) {
+			break
+		}
+		rec := b[:size]
+		b = b[size:]
+		// struct fanotify_event_info_fid: header, fsid (8), struct file_handle, [name].
+		if size < 4+8+8 {
+			continue
+		}
+		hlen := int(binary.LittleEndian.Uint32(rec[12:]))
+		htype := int32(binary.LittleEndian.Uint32(rec[16:]))
+		if 20+hlen > size {
+			continue
+		}
+		r := fidRecord{kind: kind, fsid: string(rec[4:12])}
+		r.handle = unix.NewFileHandle(htype, append([]byte(nil), rec[20:20+hlen]...))
+		r.key = handleKey(r.fsid, r.handle)
+		if kind == unix.FAN_EVENT_INFO_TYPE_DFID_NAME {
+			name := rec[20+hlen:]
+			for i, c := range name {
+				if c == 0 {
+					name = name[:i]
+					break
+				}
+			}
+			r.name = string(name)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func handleKey(fsid string, h unix.FileHandle) string {
+	return fsid + strconv.Itoa(int(h.Type())) + ":" + string(h.Bytes())
+}
+
+// event records one fanotify event. Callers hold w.mu.
+func (w *watcher) event(mask uint64, info []byte) {
+	if mask&unix.FAN_Q_OVERFLOW != 0 {
+		w.overflow("fanotify queue overflowed")
+		return
+	}
+	if len(w.trackers) == 0 {
+		return
+	}
+	var dir *watchDir
+	name := ""
+	for _, r := range parseRecords(info) {
+		switch r.kind {
+		case unix.FAN_EVENT_INFO_TYPE_DFID_NAME, unix.FAN_EVENT_INFO_TYPE_DFID:
+			dir, name = w.dirs[r.key], r.name
+			if mask&unix.FAN_DELETE_SELF != 0 && name == "." && dir != nil {
+				delete(w.dirs, r.key) // a removed directory of a sandbox
+				delete(dir.t.dirKeys, r.key)
+			}
+		case unix.FAN_EVENT_INFO_TYPE_FID:
+			w.inode(r)
+		}
+	}
+	if dir == nil {
+		return
+	}
+	switch t := dir.t; {
+	case name == "" || name == ".": // the directory itself
+		if dir.rel != "" {
+			t.mark(dir.rel, w.seq)
+		}
+	default:
+		t.mark(joinPath(dir.rel, name), w.seq)
+		if mask&fanNamespace != 0 && dir.rel != "" {
+			t.mark(dir.rel, w.seq) // the directory's own mtime moved
+		}
+	}
+}
+
+// inode remembers a changed inode. Callers hold w.mu.
+func (w *watcher) inode(r fidRecord) {
+	if rec := w.inodes[r.key]; rec != nil {
+		rec.seq = w.seq
+		return
+	}
+	w.inodes[r.key] = &inodeRec{fsid: r.fsid, handle: r.handle, seq: w.seq}
+	if len(w.inodes) > maxDirty {
+		w.overflow("too many changed inodes between checkpoints")
+	}
+}
+
+// overflow makes every tracker walk again: events were lost. Callers hold w.mu.
+func (w *watcher) overflow(why string) {
+	for t := range w.trackers {
+		t.distrust(why)
+	}
+	clear(w.inodes)
+}
+
+// prune forgets changed inodes every tracker has scanned past. Callers hold w.mu.
+func (w *watcher) prune() {
+	low := w.seq
+	for t := range w.trackers {
+		low = min(low, t.applied)
+	}
+	for k, rec := range w.inodes {
+		if rec.seq <= low {
+			delete(w.inodes, k)
+		}
+	}
+}
+
+// mark makes sure the filesystem holding the open directory fd is marked.
+func (w *watcher) mark(fd int, fsid string) error {
+	w.mu.Lock()
+	done := w.marked[fsid]
+	w.mu.Unlock()
+	if done {
+		return nil
+	}
+	err := unix.FanotifyMark(w.fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fanMask, fd, "")
+	if err != nil {
+		return fmt.Errorf("fanotify_mark: %w", err)
+	}
+	w.mu.Lock()
+	w.marked[fsid] = true
+	w.mu.Unlock()
+	return nil
+}
+
+// tracker follows one upper dir for one Store. Fields but mountfd are guarded by w.mu.
+type tracker struct {
+	w       *watcher
+	upper   string
+	fsid    string
+	mountfd int               // the upper dir, open for resolving handles
+	primed  bool              // every change since the last applied scan is known
+	epoch   uint64            // bumped when the tracker stops vouching
+	applied uint64            // drain generation of the last applied scan
+	dirty   map[string]uint64 // path → drain generation of its latest event
+	dirKeys map[string]bool   // registered directory handles
+	failed  bool              // registration failed: walk every time
+}
+
+// newTracker returns a tracker for upper, or nil when fanotify is unavailable (the store
+// then walks every time).
+func newTracker(upper string) *tracker {
+	w, err := sharedWatcher()
+	if err == nil {
+		var t *tracker
+		if t, err = w.newTracker(upper); err == nil {
+			return t
+		}
+	}
+	slog.Warn("overlay change tracker unavailable: captures walk the whole upper dir", "upper", upper, "error", err)
+	return nil
+}
+
+func (w *watcher) newTracker(upper string) (*tracker, error) {
+	fd, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", upper, err)
+	}
+	fsid, err := fsidOf(fd)
+	if err == nil {
+		err = w.mark(fd, fsid)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	t := &tracker{w: w, upper: upper, fsid: fsid, mountfd: fd, dirty: map[string]uint64{}, dirKeys: map[string]bool{}}
+	w.mu.Lock()
+	w.trackers[t] = true
+	t.applied = w.seq
+	w.mu.Unlock()
+	return t, nil
+}
+
+// fsidOf returns the fanotify fsid (statfs f_fsid, as reported in events) of fd's filesystem.
+func fsidOf(fd int) (string, error) {
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err != nil {
+		return "", fmt.Errorf("statfs: %w", err)
+	}
+	b := make([]byte, 8)
+	binary.NativeEndian.PutUint32(b, uint32(sfs.Fsid.Val[0]))
+	binary.NativeEndian.PutUint32(b[4:], uint32(sfs.Fsid.Val[1]))
+	return string(b), nil
+}
+
+// mark records a dirty path. Callers hold w.mu. Marks are kept even while the tracker does
+// not vouch: the events after a walk's drain stay dirty once that walk primes the tracker.
+func (t *tracker) mark(p string, seq uint64) {
+	t.dirty[p] = seq
+	if len(t.dirty) > maxDirty {
+		t.distrust("too many changed paths")
+	}
+}
+
+// distrust drops what the tracker knows until a walk primes it again. Callers hold w.mu.
+func (t *tracker) distrust(why string) {
+	if t.primed {
+		slog.Debug("overlay change tracker resets", "upper", t.upper, "reason", why)
+	}
+	t.primed = false
+	t.epoch++
+	clear(t.dirty)
+}
+
+// watch registers the upper directory open as fd at rel, and reports whether it was not
+// registered by this tracker at this path before (its content may have changed unseen). It
+// runs during walks and for directories a tracked scan looks at.
+func (t *tracker) watch(fd int, rel string) bool {
+	w := t.w
+	h, _, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		if !t.failed {
+			slog.Warn("overlay change tracker: cannot get a file handle; captures walk the whole upper dir",
+				"upper", t.upper, "dir", rel, "error", err)
+		}
+		t.failed = true
+		return true
+	}
+	key := handleKey(t.fsid, h)
+	d := w.dirs[key]
+	if d != nil && d.t != t {
+		d.t.distrust("directory registered by another store") // it would stop seeing events here
+		delete(d.t.dirKeys, key)
+	}
+	w.dirs[key] = &watchDir{t: t, rel: rel}
+	t.dirKeys[key] = true
+	return d == nil || d.t != t || d.rel != rel
+}
+
+// scanToken ties a scan to the tracker state it was taken from.
+type scanToken struct {
+	seq   uint64 // drain generation: what was seen up to it is covered by the scan
+	epoch uint64
+}
+
+// snapshot drains pending events and returns the dirty paths, the changed inodes (as
+// records to resolve), the token of the scan that will use them, and whether the tracker
+// vouches for them (false: walk).
+func (t *tracker) snapshot() (dirty []string, inodes []*inodeRec, tok scanToken, ok bool) {
+	w := t.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.drain()
+	tok = scanToken{seq: w.seq, epoch: t.epoch}
+	if !t.primed || t.failed {
+		return nil, nil, tok, false
+	}
+	dirty = make([]string, 0, len(t.dirty))
+	for p := range t.dirty {
+		dirty = append(dirty, p)
+	}
+	for _, rec := range w.inodes {
+		if rec.seq > t.applied && rec.fsid == t.fsid && !rec.gone {
+			inodes = append(inodes, rec)
+		}
+	}
+	return dirty, inodes, tok, true
+}
+
+// resolve returns the inode numbers of changed inodes that still have a link; handles
+// resolved once are not resolved again (a handle names one inode for good).
+func (t *tracker) resolve(recs []*inodeRec) (map[uint64]bool, error) {
+	out := map[uint64]bool{}
+	for _, rec := range recs {
+		t.w.mu.Lock()
+		ino, gone := rec.ino, rec.gone
+		t.w.mu.Unlock()
+		if ino == 0 && !gone {
+			fd, err := openByHandle(t.mountfd, rec.handle)
+			switch {
+			case errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOENT):
+				gone = true // deleted: nothing of it is left to capture
+			case err != nil:
+				return nil, fmt.Errorf("resolve a changed inode (handle type %d, %d bytes %x): %w", rec.handle.Type(), len(rec.handle.Bytes()), rec.handle.Bytes(), err)
+			default:
+				var st unix.Stat_t
+				err = unix.Fstat(fd, &st)
+				unix.Close(fd)
+				if err != nil {
+					return nil, fmt.Errorf("stat a changed inode: %w", err)
+				}
+				ino = st.Ino
+			}
+			t.w.mu.Lock()
+			rec.ino, rec.gone = ino, gone
+			t.w.mu.Unlock()
+		}
+		if !gone {
+			out[ino] = true
+		}
+	}
+	return out, nil
+}
+
+// openByHandle opens a handle O_PATH. ext4 answers ENOMEM (its inode lookup finds nothing
+// to return) for an inode whose eviction is under way, which only takes a moment: it is
+// retried a few times before it counts as a failure.
+func openByHandle(mountfd int, h unix.FileHandle) (int, error) {
+	for i := 0; ; i++ {
+		fd, err := unix.OpenByHandleAt(mountfd, h, unix.O_PATH|unix.O_CLOEXEC)
+		if !errors.Is(err, unix.ENOMEM) || i == 5 {
+			return fd, err
+		}
+		time.Sleep(time.Duration(50<<i) * time.Microsecond)
+	}
+}
+
+// commit is called when a scan is committed to the index: the dirty paths it covered are
+// clean, and a walk primes the tracker unless it stopped vouching since the scan began.
+func (t *tracker) commit(tok scanToken, walked bool) {
+	w := t.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for p, s := range t.dirty {
+		if s <= tok.seq {
+			delete(t.dirty, p)
+		}
+	}
+	t.applied = max(t.applied, tok.seq)
+	if walked && !t.failed && t.epoch == tok.epoch {
+		t.primed = true
+	}
+	w.prune()
+}
+
+// touch marks paths dirty now (a rollback's writes, checked again by the next capture).
+func (t *tracker) touch(paths []string) {
+	w := t.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seq++
+	for _, p := range paths {
+		t.mark(p, w.seq)
+	}
+}
+
+// close unregisters the tracker.
+func (t *tracker) close() {
+	w := t.w
+	w.mu.Lock()
+	for key := range t.dirKeys {
+		if d := w.dirs[key]; d != nil && d.t == t {
+			delete(w.dirs, key)
+		}
+	}
+	clear(t.dirKeys)
+	t.primed = false
+	delete(w.trackers, t)
+	w.prune()
+	w.mu.Unlock()
+	unix.Close(t.mountfd)
+}
