@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/overlay"
+	"github.com/deltabox/deltabox/pool"
 )
 
 // cleanupTimeout bounds thaws and other cleanups that must run even if the request is gone.
@@ -65,13 +67,20 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	if rec.Level == api.LevelL3 {
 		cut = o.cutL3
 	}
-	frozen, err := cut(ctx, s, level, &rec)
+	frozen, pending, err := cut(ctx, s, level, &rec)
 	if err != nil {
 		return api.Checkpoint{}, err
 	}
+	// The record travels in the layer pack: one durable write for files and record, after
+	// the sandbox runs again.
 	rec.FrozenMS, rec.TotalMS = ms(frozen), ms(time.Since(start))
-	if err := s.rec.write(rec); err != nil {
-		_ = s.fs.Delete(context.WithoutCancel(ctx), rec.ID)
+	data, err := json.Marshal(rec)
+	if err != nil {
+		pending.Abort()
+		return api.Checkpoint{}, err
+	}
+	if _, err := pending.Commit(data); err != nil {
+		removeImages(rec)
 		return api.Checkpoint{}, fmt.Errorf("record checkpoint %s of %s: %w", rec.ID, s.id, err)
 	}
 	s.ckpts = append(s.ckpts, rec)
@@ -93,42 +102,54 @@ func (s *session) l1Chain() int {
 	return n
 }
 
-// cut runs the frozen window and fills rec; it returns how long the sandbox was frozen.
-func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, error) {
+// cut runs the frozen window and fills rec; it returns how long the sandbox was frozen and
+// the prepared capture, which the caller commits (with the record) or aborts.
+func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, *overlay.PendingCapture, error) {
 	start := time.Now()
 	if err := s.frz.Freeze(ctx); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	frozenAt := time.Now()
 	defer o.thaw(ctx, s)
-	if err := o.capture(ctx, s, level, rec); err != nil {
-		return 0, err
+	pending, err := o.capture(ctx, s, level, rec)
+	if err != nil {
+		return 0, nil, err
 	}
 	captured := time.Now()
 	if err := o.thaw(ctx, s); err != nil {
-		return 0, err
+		pending.Abort()
+		return 0, nil, err
 	}
 	thawed := time.Now()
 	log.L(ctx).Debug("checkpoint cut", "sandbox", s.id, "checkpoint", rec.ID,
 		"freeze", frozenAt.Sub(start), "capture", captured.Sub(frozenAt), "thaw", thawed.Sub(captured))
-	return thawed.Sub(frozenAt), nil
+	return thawed.Sub(frozenAt), pending, nil
 }
 
-// capture records a frozen sandbox into rec: its files, state sequence number, effect
-// watermark and processes.
-func (o *Orchestrator) capture(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) error {
-	res, err := s.fs.Capture(ctx, overlay.CaptureRequest{ID: rec.ID, Parent: rec.Parent, Level: level,
-		Upper: s.sb.Layout.Upper, Lower: s.sb.Layout.Lower})
-	if err != nil {
-		return fmt.Errorf("capture files of %s: %w", s.id, err)
-	}
-	rec.FilesChanged, rec.Bytes = res.FilesChanged, res.BytesCopied
-	rec.StateSeq, rec.EffectsWatermark = s.state.Seq(), o.effects.Watermark(s.id)
+// capture records a frozen sandbox into rec: its processes, files (prepared, not yet
+// durable), state sequence number and effect watermark.
+func (o *Orchestrator) capture(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (*overlay.PendingCapture, error) {
+	var err error
 	if rec.Procs, err = s.frz.Procs(); err != nil {
-		_ = s.fs.Delete(context.WithoutCancel(ctx), rec.ID)
-		return err
+		return nil, err
 	}
-	return nil
+	p, err := s.fs.Prepare(ctx, overlay.CaptureRequest{ID: rec.ID, Parent: rec.Parent, Level: level,
+		Upper: s.sb.Layout.Upper, Lower: s.sb.Layout.Lower, Hints: overlay.WritableFiles(pids(rec.Procs))})
+	if err != nil {
+		return nil, fmt.Errorf("capture files of %s: %w", s.id, err)
+	}
+	rec.FilesChanged, rec.Bytes = p.Changed()
+	rec.StateSeq, rec.EffectsWatermark = s.state.Seq(), o.effects.Watermark(s.id)
+	return p, nil
+}
+
+// pids returns the process IDs of procs.
+func pids(procs []pool.Proc) []int {
+	out := make([]int, len(procs))
+	for i, p := range procs {
+		out[i] = p.Pid
+	}
+	return out
 }
 
 // thaw thaws the sandbox with a context that survives the request's cancellation.

@@ -37,18 +37,18 @@ func (o *Orchestrator) criuSpec(cid, dir string) ([]oci.SpecOpts, error) {
 // cutL3 is the frozen window of an L3 checkpoint: CRIU dumps the frozen processes (they stay
 // frozen and keep running afterwards), the upper dir is captured in full while still frozen
 // (CRIU checks file sizes on restore), the state document is saved, then the sandbox thaws.
-func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, error) {
+func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, *overlay.PendingCapture, error) {
 	if !o.criu.Available {
-		return 0, fmt.Errorf("L3 checkpoints are unavailable on this node: %s: %w", o.criu.Reason, errdefs.ErrFailedPrecondition)
+		return 0, nil, fmt.Errorf("L3 checkpoints are unavailable on this node: %s: %w", o.criu.Reason, errdefs.ErrFailedPrecondition)
 	}
 	dir := filepath.Join(s.dir, "l3", rec.ID)
 	if err := os.RemoveAll(dir); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	// containerd's checkpoint expects a task it paused itself (runc pause), not a cgroup frozen
 	// behind its back; the resume runs even if the request is cancelled.
 	if err := o.pools.Pause(ctx, s.id); err != nil {
-		return 0, fmt.Errorf("pause %s: %w", s.id, err)
+		return 0, nil, fmt.Errorf("pause %s: %w", s.id, err)
 	}
 	frozenAt := time.Now()
 	defer func() {
@@ -61,12 +61,13 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 	dump, err := o.l3.Dump(ctx, s.sb.Container, filepath.Join(dir, "images"))
 	if err != nil {
 		os.RemoveAll(dir)
-		return 0, fmt.Errorf("dump processes of %s: %w", s.id, err)
+		return 0, nil, fmt.Errorf("dump processes of %s: %w", s.id, err)
 	}
 	rec.Images = dir
-	if err := o.capture(ctx, s, level, rec); err != nil { // files, state seq, watermark, procs
+	pending, err := o.capture(ctx, s, level, rec) // files, state seq, watermark, procs
+	if err != nil {
 		os.RemoveAll(dir)
-		return 0, err
+		return 0, nil, err
 	}
 	rec.Bytes += dump.Size
 	doc, err := s.state.Get("")
@@ -74,13 +75,13 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 		err = os.WriteFile(filepath.Join(dir, stateFile), doc, 0o600)
 	}
 	if err != nil {
-		_ = s.fs.Delete(context.WithoutCancel(ctx), rec.ID)
+		pending.Abort()
 		os.RemoveAll(dir)
-		return 0, err
+		return 0, nil, err
 	}
 	log.L(ctx).Info("processes dumped", "sandbox", s.id, "checkpoint", rec.ID, "dump_ms", ms(dump.Duration),
 		"criu_frozen_ms", ms(dump.Stats.Frozen), "bytes", dump.Size)
-	return time.Since(frozenAt), nil
+	return time.Since(frozenAt), pending, nil
 }
 
 // removeImages deletes an L3 checkpoint's CRIU images.

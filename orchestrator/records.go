@@ -29,19 +29,12 @@ type sessionMeta struct {
 	CommitAfter string `json:"commit_after"` // latest checkpoint at the last commit
 }
 
-// records keeps one JSON file per checkpoint plus meta.json in a sandbox's directory, each
-// written atomically (temp file, fsync, rename, directory fsync).
+// records keeps a sandbox's meta.json, written atomically (temp file, fsync, rename,
+// directory fsync). Checkpoint records live in the layer packs (overlay's Meta); the
+// ckpt-ID.json files earlier versions wrote beside meta.json are still read and removed.
 type records struct{ dir string }
 
 func (r records) path(id string) string { return filepath.Join(r.dir, "ckpt-"+id+".json") }
-
-func (r records) write(rec ckptRecord) error {
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(r.path(rec.ID), data, 0o600)
-}
 
 func (r records) remove(id string) error {
 	if err := os.Remove(r.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {

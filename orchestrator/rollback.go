@@ -76,12 +76,15 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, target ckptRecord, 
 	}
 	frozenAt := time.Now()
 	defer o.thaw(ctx, s)
-	var err error
-	if res.ProcessesStopped, err = killNewer(s.frz, target.Procs); err != nil {
+	procs, err := s.frz.Procs()
+	if err != nil {
+		return 0, err
+	}
+	if res.ProcessesStopped, err = killNewer(procs, target.Procs); err != nil {
 		return 0, err
 	}
 	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: s.merged(), Upper: s.sb.Layout.Upper,
-		Lower: s.sb.Layout.Lower, Target: target.ID})
+		Lower: s.sb.Layout.Lower, Target: target.ID, Hints: overlay.WritableFiles(pids(procs))})
 	if err != nil {
 		return 0, fmt.Errorf("restore files: %w", err)
 	}
@@ -104,13 +107,9 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, target ckptRecord, 
 // merged is the sandbox's root as its init sees it, the merged overlay mount.
 func (s *session) merged() string { return fmt.Sprintf("/proc/%d/root", s.sb.InitPid) }
 
-// killNewer SIGKILLs the sandbox's processes that did not exist at the checkpoint (by pid and
-// start time). Signals to frozen processes take effect when they are thawed.
-func killNewer(f pool.Freezer, keep []pool.Proc) (int, error) {
-	now, err := f.Procs()
-	if err != nil {
-		return 0, err
-	}
+// killNewer SIGKILLs the sandbox's processes (now) that did not exist at the checkpoint (by
+// pid and start time). Signals to frozen processes take effect when they are thawed.
+func killNewer(now, keep []pool.Proc) (int, error) {
 	old := make(map[pool.Proc]bool, len(keep))
 	for _, p := range keep {
 		old[p] = true

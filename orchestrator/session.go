@@ -106,19 +106,39 @@ func (o *Orchestrator) openSession(ctx context.Context, s *session, doc json.Raw
 	return err
 }
 
-// loadCheckpoints reads the records and reconciles them with the layer store: a crash between
-// the layer capture and the record leaves a layer checkpoint without a record, which is dropped.
+// loadCheckpoints reads the checkpoint records, which live in the layer store's packs (a
+// checkpoint and its record are made durable together); record files of older versions are
+// still read. A layer checkpoint without a record is dropped.
 func (s *session) loadCheckpoints(ctx context.Context) error {
 	recs, err := s.rec.list()
 	if err != nil {
 		return err
 	}
-	layers := s.fs.Checkpoints()
+	legacy := map[string]ckptRecord{}
 	for _, r := range recs {
-		if slices.Contains(layers, r.ID) {
-			s.ckpts = append(s.ckpts, r)
-		} else if err := s.rec.remove(r.ID); err != nil {
+		legacy[r.ID] = r
+	}
+	layers := s.fs.Checkpoints()
+	for _, id := range layers {
+		meta, err := s.fs.Meta(id)
+		if err != nil {
 			return err
+		}
+		if len(meta) > 0 {
+			var r ckptRecord
+			if err := json.Unmarshal(meta, &r); err != nil {
+				return fmt.Errorf("record of checkpoint %s: %v: %w", id, err, errdefs.ErrDataLoss)
+			}
+			s.ckpts = append(s.ckpts, r)
+		} else if r, ok := legacy[id]; ok {
+			s.ckpts = append(s.ckpts, r)
+		}
+	}
+	for _, r := range recs {
+		if !slices.Contains(layers, r.ID) {
+			if err := s.rec.remove(r.ID); err != nil {
+				return err
+			}
 		}
 	}
 	for _, r := range s.ckpts {

@@ -4,6 +4,7 @@ package overlay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,12 +19,43 @@ import (
 // Capture records a checkpoint of the upper dir. L1 stores what changed since req.Parent
 // (which must be the latest checkpoint); L2, and the first checkpoint of a store, store the
 // whole upper dir. The upper dir is only read; the caller keeps the sandbox frozen. The
-// checkpoint is durable when Capture returns.
+// checkpoint is durable when Capture returns. It is Prepare and Commit in one.
 func (s *Store) Capture(ctx context.Context, req CaptureRequest) (*CaptureResult, error) {
-	start := time.Now()
+	p, err := s.Prepare(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return p.Commit(req.Meta)
+}
+
+// PendingCapture is a checkpoint whose contents are copied but which is not durable yet. Until
+// Commit or Abort, the store is held: its other operations wait.
+type PendingCapture struct {
+	s       *Store
+	req     CaptureRequest
+	m       *manifest
+	pw      *packWriter
+	res     *scanResult
+	copied  int64
+	start   time.Time
+	scanned time.Time
+	copyEnd time.Time
+}
+
+// Prepare runs the part of a capture that needs the sandbox frozen: it finds what changed
+// and copies the contents into a new pack (clones share extents; plain copies land in the
+// page cache). Commit makes the pack durable, with the caller's record, after the sandbox
+// runs again: the frozen window does not wait for the disk.
+func (s *Store) Prepare(ctx context.Context, req CaptureRequest) (*PendingCapture, error) {
+	p := &PendingCapture{s: s, req: req, start: time.Now()}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	defer s.prepareTemp()
+	ok := false
+	defer func() {
+		if !ok {
+			s.prepareTemp()
+			s.mu.Unlock()
+		}
+	}()
 	if err := s.checkCapture(req); err != nil {
 		return nil, fmt.Errorf("capture %s: %w", req.ID, err)
 	}
@@ -33,24 +65,62 @@ func (s *Store) Capture(ctx context.Context, req CaptureRequest) (*CaptureResult
 	}
 	defer unix.Close(rootfd)
 	full := req.Level == L2 || len(s.chain) == 0
-	res, err := s.scan(ctx, rootfd, req.Upper, full, req.Hints)
-	if err != nil {
+	if p.res, err = s.scan(ctx, rootfd, req.Upper, full, req.Hints); err != nil {
 		return nil, fmt.Errorf("capture %s: scan upper dir: %w", req.ID, err)
 	}
-	scanned := time.Now()
-	m, f, copied, err := s.writeCheckpoint(rootfd, req, full, res)
-	if err != nil {
+	p.scanned = time.Now()
+	if p.m, p.pw, p.copied, err = s.copyCheckpoint(rootfd, req, full, p.res); err != nil {
 		return nil, fmt.Errorf("capture %s: %w", req.ID, err)
 	}
-	s.commitCapture(m, f, res)
-	out := &CaptureResult{ID: m.ID, Level: m.Level, FilesChanged: len(m.Entries), BytesCopied: copied, Duration: time.Since(start)}
+	p.copyEnd = time.Now()
+	ok = true
+	return p, nil
+}
+
+// Commit writes the manifest (holding meta, an opaque record the caller reads back with
+// Meta) and makes the checkpoint durable, then releases the store.
+func (p *PendingCapture) Commit(meta []byte) (*CaptureResult, error) {
+	s, m := p.s, p.m
+	if s == nil {
+		return nil, fmt.Errorf("capture %s: already committed or aborted: %w", p.req.ID, errdefs.ErrFailedPrecondition)
+	}
+	p.s = nil
+	defer s.mu.Unlock()
+	defer s.prepareTemp()
+	if meta != nil && !json.Valid(meta) {
+		p.pw.abort()
+		return nil, fmt.Errorf("capture %s: the checkpoint record is not JSON: %w", m.ID, errdefs.ErrInvalidArgument)
+	}
+	m.Meta = meta
+	if err := p.pw.commit(m, filepath.Join(s.dir, m.ID+packSuffix)); err != nil {
+		p.pw.abort()
+		return nil, fmt.Errorf("capture %s: %w", m.ID, err)
+	}
+	s.commitCapture(m, p.pw.file(), p.res)
+	out := &CaptureResult{ID: m.ID, Level: m.Level, FilesChanged: len(m.Entries), BytesCopied: p.copied, Duration: time.Since(p.start)}
 	for _, e := range m.Entries {
 		out.Paths = append(out.Paths, e.Path)
 	}
-	log.L(ctx).Debug("overlay checkpoint captured", "checkpoint", m.ID, "level", m.Level.String(),
-		"files_changed", out.FilesChanged, "bytes_copied", copied, "duration", out.Duration,
-		"scan", scanned.Sub(start), "write", time.Since(scanned))
+	log.L(context.Background()).Debug("overlay checkpoint captured", "checkpoint", m.ID, "level", m.Level.String(),
+		"files_changed", out.FilesChanged, "bytes_copied", p.copied, "duration", out.Duration,
+		"scan", p.scanned.Sub(p.start), "copy", p.copyEnd.Sub(p.scanned), "commit", time.Since(p.copyEnd))
 	return out, nil
+}
+
+// Changed returns how many paths the prepared checkpoint records and how many content
+// bytes it copied.
+func (p *PendingCapture) Changed() (int, int64) { return len(p.m.Entries), p.copied }
+
+// Abort drops a prepared capture and releases the store. It is a no-op after Commit.
+func (p *PendingCapture) Abort() {
+	s := p.s
+	if s == nil {
+		return
+	}
+	p.s = nil
+	p.pw.abort()
+	s.prepareTemp()
+	s.mu.Unlock()
 }
 
 // checkCapture validates a capture request against the store.
@@ -73,8 +143,9 @@ func (s *Store) checkCapture(req CaptureRequest) error {
 	return nil
 }
 
-// writeCheckpoint copies changed contents and writes the pack durably.
-func (s *Store) writeCheckpoint(rootfd int, req CaptureRequest, full bool, res *scanResult) (*manifest, *os.File, int64, error) {
+// copyCheckpoint copies changed contents into a new pack and returns its manifest, to be
+// committed.
+func (s *Store) copyCheckpoint(rootfd int, req CaptureRequest, full bool, res *scanResult) (*manifest, *packWriter, int64, error) {
 	m := &manifest{Version: manifestVer, ID: req.ID, Parent: req.Parent, Level: req.Level, Full: full,
 		Upper: req.Upper, Lower: req.Lower, Created: time.Now().UTC(), Index: map[string]*Key{}}
 	if n := len(s.chain); n > 0 {
@@ -92,17 +163,14 @@ func (s *Store) writeCheckpoint(rootfd int, req CaptureRequest, full bool, res *
 	}
 	pw := newPackWriter(f, s.opts.reflink, s.opts.sync)
 	copied, err := s.addEntries(pw, rootfd, m, res)
-	if err == nil && full {
-		s.addUnchangedKeys(m, res)
-	}
-	if err == nil {
-		err = pw.commit(m, filepath.Join(s.dir, m.ID+packSuffix))
-	}
 	if err != nil {
 		pw.abort()
 		return nil, nil, 0, err
 	}
-	return m, pw.file(), copied, nil
+	if full {
+		s.addUnchangedKeys(m, res)
+	}
+	return m, pw, copied, nil
 }
 
 // applyPending copies a pending rollback's index moves into a manifest's index delta.

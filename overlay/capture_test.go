@@ -139,3 +139,43 @@ func TestReopenAfterCrashKeepsPreviousCheckpoint(t *testing.T) {
 	f.rollback(t, "c1")
 	assertTree(t, want, walkTree(t, f.merged), true)
 }
+
+// TestPrepareCommitMeta: a prepared capture holds the store until Commit or Abort; an aborted
+// one leaves nothing behind, a committed one keeps its record across a reopen.
+func TestPrepareCommitMeta(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	must(t, os.WriteFile(f.m("data/new.txt"), []byte("new"), 0o644))
+	req := CaptureRequest{ID: "c1", Parent: "c0", Level: L1, Upper: f.upper, Lower: []string{f.lower}}
+	p, err := f.s.Prepare(t.Context(), req)
+	must(t, err)
+	if n, _ := p.Changed(); n == 0 {
+		t.Fatal("prepared capture records nothing")
+	}
+	p.Abort()
+	p.Abort() // a no-op
+	if got := f.s.Checkpoints(); len(got) != 1 {
+		t.Fatalf("after abort: checkpoints %v, want [c0]", got)
+	}
+	p, err = f.s.Prepare(t.Context(), req)
+	must(t, err)
+	if _, err := p.Commit([]byte("not json")); err == nil {
+		t.Fatal("commit with a non-JSON record succeeded")
+	}
+	p, err = f.s.Prepare(t.Context(), req)
+	must(t, err)
+	res, err := p.Commit([]byte(`{"step":7}`))
+	must(t, err)
+	if !pathsOf(res)["data/new.txt"] {
+		t.Fatalf("c1 lacks data/new.txt: %v", res.Paths)
+	}
+	if _, err := p.Commit(nil); err == nil {
+		t.Fatal("second commit succeeded")
+	}
+	f.reopen(t)
+	meta, err := f.s.Meta("c1")
+	must(t, err)
+	if string(meta) != `{"step":7}` {
+		t.Fatalf("meta after reopen: %s", meta)
+	}
+}

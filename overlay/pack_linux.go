@@ -43,6 +43,7 @@ type manifest struct {
 	Rollback string          `json:"rollback,omitempty"` // nonce of the rollback it absorbed
 	Entries  []*Entry        `json:"entries"`
 	Index    map[string]*Key `json:"index"` // change-detection keys; nil deletes
+	Meta     json.RawMessage `json:"meta,omitempty"`  // the caller's record of the checkpoint
 }
 
 // packWriter writes one pack file.

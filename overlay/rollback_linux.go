@@ -194,12 +194,12 @@ func (s *Store) reindex(upperfd int, pl *plan, target map[string]*Entry) {
 		st, err := lstatAt(upperfd, p)
 		switch {
 		case err == nil && st == nil && e == nil:
-			delete(s.idx.keys, p)
+			s.idx.del(p)
 		case err == nil && st != nil && e != nil && e.Kind == kindOf(st) &&
 			(e.Kind != KindDir || upperOpaque(upperfd, p) == e.Opaque) && sameLink(upperfd, p, e, st):
-			s.idx.keys[p] = &idxEntry{key: keyOf(st), gen: s.idx.gen}
+			s.idx.set(p, &idxEntry{key: keyOf(st), gen: s.idx.gen})
 		default:
-			s.idx.keys[p] = &idxEntry{gen: s.idx.gen} // never matches: recorded next time
+			s.idx.set(p, &idxEntry{gen: s.idx.gen}) // never matches: recorded next time
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -28,9 +29,10 @@ import (
 //
 // The scan runs while the sandbox is frozen, so the tree does not move under it.
 type index struct {
-	keys map[string]*idxEntry
-	dirs map[string]*dirList
-	gen  uint64
+	keys  map[string]*idxEntry
+	byIno map[uint64][]string // paths by the inode of their key (the tracker's changed inodes)
+	dirs  map[string]*dirList
+	gen   uint64
 }
 
 type idxEntry struct {
@@ -46,13 +48,43 @@ type dirList struct {
 
 // newIndex builds an index from persisted keys (directory listings start empty).
 func newIndex(keys map[string]*Key) *index {
-	ix := &index{keys: make(map[string]*idxEntry, len(keys)), dirs: map[string]*dirList{}}
+	ix := &index{keys: make(map[string]*idxEntry, len(keys)), byIno: make(map[uint64][]string, len(keys)),
+		dirs: map[string]*dirList{}}
 	for p, k := range keys {
 		if k != nil {
-			ix.keys[p] = &idxEntry{key: *k}
+			ix.set(p, &idxEntry{key: *k})
 		}
 	}
 	return ix
+}
+
+// set indexes p (every change of keys goes through set and del, which keep byIno).
+func (ix *index) set(p string, ie *idxEntry) {
+	ix.unlinkIno(p)
+	ix.keys[p] = ie
+	ix.byIno[ie.key.Ino] = append(ix.byIno[ie.key.Ino], p)
+}
+
+// del drops p from the index.
+func (ix *index) del(p string) {
+	ix.unlinkIno(p)
+	delete(ix.keys, p)
+}
+
+func (ix *index) unlinkIno(p string) {
+	old := ix.keys[p]
+	if old == nil {
+		return
+	}
+	paths := ix.byIno[old.key.Ino]
+	if i := slices.Index(paths, p); i >= 0 {
+		paths = slices.Delete(paths, i, i+1)
+	}
+	if len(paths) == 0 {
+		delete(ix.byIno, old.key.Ino)
+	} else {
+		ix.byIno[old.key.Ino] = paths
+	}
 }
 
 // scanned is one upper-dir path the scan found new or changed.
@@ -112,13 +144,13 @@ func newWalker(ctx context.Context, rootfd int, ix *index, all bool, workers int
 // apply commits a scan to the index (and tells the tracker what it covered).
 func (ix *index) apply(res *scanResult) {
 	for _, c := range res.changed {
-		ix.keys[c.entry.Path] = &idxEntry{key: keyOf(&c.st), gen: res.gen}
+		ix.set(c.entry.Path, &idxEntry{key: keyOf(&c.st), gen: res.gen})
 	}
 	if res.trk != nil {
 		res.trk.commit(res.tok, res.walked)
 	}
 	for _, p := range res.gone {
-		delete(ix.keys, p)
+		ix.del(p)
 		delete(ix.dirs, p)
 	}
 	for p, d := range res.dirs {

@@ -93,6 +93,18 @@ var crossCheckTracking bool
 
 // crossCheck compares a tracked scan's result with a walk from the same index.
 func crossCheck(ctx context.Context, rootfd int, ix *index, got *scanResult) error {
+	n := 0
+	for ino, paths := range ix.byIno {
+		for _, p := range paths {
+			if ie := ix.keys[p]; ie == nil || ie.key.Ino != ino {
+				return fmt.Errorf("index by inode lists %s under inode %d", p, ino)
+			}
+			n++
+		}
+	}
+	if n != len(ix.keys) {
+		return fmt.Errorf("index by inode holds %d paths, the index %d", n, len(ix.keys))
+	}
 	want, err := scanUpper(ctx, rootfd, ix, false, 1, nil)
 	if err != nil {
 		return err
@@ -128,10 +140,10 @@ func crossCheck(ctx context.Context, rootfd int, ix *index, got *scanResult) err
 
 // clone copies the index (for crossCheck).
 func (ix *index) clone() *index {
-	c := &index{keys: make(map[string]*idxEntry, len(ix.keys)), dirs: ix.dirs, gen: ix.gen}
+	c := &index{keys: make(map[string]*idxEntry, len(ix.keys)), byIno: map[uint64][]string{}, dirs: ix.dirs, gen: ix.gen}
 	for p, ie := range ix.keys {
 		e := *ie
-		c.keys[p] = &e
+		c.set(p, &e)
 	}
 	return c
 }
@@ -283,13 +295,12 @@ func (d *dirtyScan) probeInodes(changed map[uint64]bool, gen uint64) error {
 			want[ino] = true
 		}
 	}
-	if len(want) == 0 {
-		return nil
-	}
 	var todo []string
-	for p, ie := range d.ix.keys {
-		if want[ie.key.Ino] && !isDirMode(ie.key.Mode) && !d.seen[p] {
-			todo = append(todo, p)
+	for ino := range want {
+		for _, p := range d.ix.byIno[ino] {
+			if ie := d.ix.keys[p]; ie != nil && !isDirMode(ie.key.Mode) && !d.seen[p] {
+				todo = append(todo, p)
+			}
 		}
 	}
 	sort.Strings(todo)

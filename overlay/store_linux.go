@@ -108,6 +108,17 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// Meta returns the record stored with checkpoint id (nil when none was given).
+func (s *Store) Meta(id string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pos, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.chain[pos].Meta, nil
+}
+
 // Checkpoints lists the stored checkpoint IDs, oldest first.
 func (s *Store) Checkpoints() []string {
 	s.mu.Lock()

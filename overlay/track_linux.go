@@ -434,11 +434,43 @@ func (t *tracker) snapshot() (dirty []string, inodes []*inodeRec, tok scanToken,
 	return dirty, inodes, tok, true
 }
 
-// resolve returns the inode numbers of changed inodes that still have a link; handles
-// resolved once are not resolved again (a handle names one inode for good).
+// Handle types whose layout the kernel fixes for every filesystem using them (exportfs.h):
+// the inode number comes first.
+const (
+	fileidIno32Gen       = 1
+	fileidIno32GenParent = 2
+	fileidIno64Gen       = 0x81
+	fileidIno64GenParent = 0x82
+)
+
+// inoOf reads the inode number out of a handle of a standard layout.
+func inoOf(h unix.FileHandle) (uint64, bool) {
+	b := h.Bytes()
+	switch h.Type() {
+	case fileidIno32Gen, fileidIno32GenParent:
+		if len(b) >= 8 {
+			return uint64(binary.NativeEndian.Uint32(b)), true
+		}
+	case fileidIno64Gen, fileidIno64GenParent:
+		if len(b) >= 12 {
+			return binary.NativeEndian.Uint64(b), true
+		}
+	}
+	return 0, false
+}
+
+// resolve returns the inode numbers of changed inodes: read from the handle when its layout
+// is standard, else by opening it (a deleted inode is left out). Handles resolved once are
+// not resolved again (a handle names one inode for good). An inode number may be of a file
+// deleted since, or of another directory tree on the filesystem: the scan stats the indexed
+// paths of these numbers, which tells.
 func (t *tracker) resolve(recs []*inodeRec) (map[uint64]bool, error) {
 	out := map[uint64]bool{}
 	for _, rec := range recs {
+		if ino, ok := inoOf(rec.handle); ok {
+			out[ino] = true
+			continue
+		}
 		t.w.mu.Lock()
 		ino, gone := rec.ino, rec.gone
 		t.w.mu.Unlock()

@@ -5,7 +5,12 @@ package overlay
 import (
 	"flag"
 	"os"
+	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -16,4 +21,105 @@ func TestMain(m *testing.M) {
 		crossCheckTracking = true
 	}
 	os.Exit(m.Run())
+}
+
+// pathsOf returns a capture's paths as a set.
+func pathsOf(res *CaptureResult) map[string]bool {
+	out := map[string]bool{}
+	for _, p := range res.Paths {
+		out[p] = true
+	}
+	return out
+}
+
+// trackedCapture captures and fails unless the change tracker (not a walk) did the scan.
+func trackedCapture(t *testing.T, f *fixture, id string, hints ...string) *CaptureResult {
+	t.Helper()
+	before := scanCounts.tracked.Load()
+	res, err := f.s.Capture(t.Context(), CaptureRequest{ID: id, Parent: f.s.Latest(), Level: L1,
+		Upper: f.upper, Lower: []string{f.lower}, Hints: hints})
+	if err != nil {
+		t.Fatalf("capture %s: %v", id, err)
+	}
+	if scanCounts.tracked.Load() == before {
+		t.Fatalf("capture %s walked the upper dir; want a tracked scan", id)
+	}
+	return res
+}
+
+// TestTrackerHardLinkAlias: overlayfs reports changes to a hard-linked file under the name it
+// first looked the inode up by, here a name deleted (with its directory) since; the tracker
+// finds the change through the inode.
+func TestTrackerHardLinkAlias(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	f.capture(t, "c1", L1)                                // primes the tracker
+	must(t, os.Link(f.m("etc/conf/app.ini"), f.m("n24"))) // copies the lower file up first
+	must(t, os.RemoveAll(f.m("etc/conf")))
+	if res := trackedCapture(t, f, "c2"); !pathsOf(res)["n24"] {
+		t.Fatalf("c2 lacks the new link n24: %v", res.Paths)
+	}
+	must(t, os.Chmod(f.m("n24"), 0o600))
+	fh, err := os.OpenFile(f.m("n24"), os.O_APPEND|os.O_WRONLY, 0)
+	must(t, err)
+	_, err = fh.WriteString("appended\n")
+	must(t, err)
+	must(t, fh.Close())
+	if res := trackedCapture(t, f, "c3"); !pathsOf(res)["n24"] {
+		t.Fatalf("c3 missed the change of n24: %v", res.Paths)
+	}
+	f.rollback(t, "c2")
+	if fi, err := os.Stat(f.m("n24")); err != nil || fi.Mode().Perm() != 0o644 || fi.Size() != int64(len("[a]\nb=1\n")) {
+		t.Fatalf("after rollback n24 is %v (%v), want 0644 and the original content", fi, err)
+	}
+}
+
+// TestTrackerMmapHints: writes through a shared writable mapping produce no event while the
+// mapping lives; the hint (WritableFiles of the writing process) makes the capture look.
+func TestTrackerMmapHints(t *testing.T) {
+	f := newFixture(t, standardLower)
+	must(t, os.WriteFile(f.m("data/mapped"), make([]byte, 4096), 0o644))
+	f.capture(t, "c0", L1)
+	f.capture(t, "c1", L1)
+	fh, err := os.OpenFile(f.m("data/mapped"), os.O_RDWR, 0)
+	must(t, err)
+	defer fh.Close()
+	mem, err := unix.Mmap(int(fh.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	must(t, err)
+	defer unix.Munmap(mem)
+	time.Sleep(10 * time.Millisecond) // a later mtime than c1's
+	copy(mem, "written through the mapping")
+	var hints []string
+	for _, p := range WritableFiles([]int{os.Getpid()}) {
+		// The test's paths are host paths; a sandbox's are relative to its root already.
+		if rel, ok := strings.CutPrefix(p, f.merged+"/"); ok {
+			hints = append(hints, rel)
+		}
+	}
+	if !slices.Contains(hints, "data/mapped") {
+		t.Fatalf("WritableFiles misses the mapped file: %v", hints)
+	}
+	res := trackedCapture(t, f, "c2", hints...)
+	if !pathsOf(res)["data/mapped"] {
+		t.Fatalf("c2 missed the write through the mapping: %v", res.Paths)
+	}
+}
+
+// TestTrackerStoresApart: two stores track two upper dirs at once; each capture sees its
+// own changes only.
+func TestTrackerStoresApart(t *testing.T) {
+	a, b := newFixture(t, standardLower), newFixture(t, standardLower)
+	for _, f := range []*fixture{a, b} {
+		f.capture(t, "c0", L1)
+		f.capture(t, "c1", L1)
+	}
+	must(t, os.WriteFile(a.m("data/only-a"), []byte("a"), 0o644))
+	must(t, os.WriteFile(b.m("keep/only-b"), []byte("b"), 0o644))
+	ra, rb := trackedCapture(t, a, "c2"), trackedCapture(t, b, "c2")
+	if p := pathsOf(ra); !p["data/only-a"] || p["keep/only-b"] {
+		t.Fatalf("store a captured %v", ra.Paths)
+	}
+	if p := pathsOf(rb); !p["keep/only-b"] || p["data/only-a"] {
+		t.Fatalf("store b captured %v", rb.Paths)
+	}
 }

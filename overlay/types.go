@@ -88,6 +88,9 @@ type CaptureRequest struct {
 	// reporting it to the change tracker: files the sandbox's processes hold open for writing
 	// or have mapped shared and writable (WritableFiles lists them).
 	Hints []string
+	// Meta is stored with the checkpoint, made durable with it, and returned by Store.Meta
+	// (JSON; Capture only: Prepare's caller passes it to Commit).
+	Meta []byte
 }
 
 // CaptureResult describes a stored checkpoint.
