@@ -42,8 +42,8 @@ type manifest struct {
 	Created  time.Time       `json:"created"`
 	Rollback string          `json:"rollback,omitempty"` // nonce of the rollback it absorbed
 	Entries  []*Entry        `json:"entries"`
-	Index    map[string]*Key `json:"index"` // change-detection keys; nil deletes
-	Meta     json.RawMessage `json:"meta,omitempty"`  // the caller's record of the checkpoint
+	Index    map[string]*Key `json:"index"`          // change-detection keys; nil deletes
+	Meta     json.RawMessage `json:"meta,omitempty"` // the caller's record of the checkpoint
 }
 
 // packWriter writes one pack file.
