@@ -134,7 +134,7 @@ func (o *Orchestrator) capture(ctx context.Context, s *session, level overlay.Le
 		return nil, err
 	}
 	p, err := s.fs.Prepare(ctx, overlay.CaptureRequest{ID: rec.ID, Parent: rec.Parent, Level: level,
-		Upper: s.sb.Layout.Upper, Lower: s.sb.Layout.Lower, Hints: overlay.WritableFiles(pids(rec.Procs))})
+		Upper: s.sb.Layout.Upper, Lower: s.sb.Layout.Lower, Open: overlay.WritableFiles(pids(rec.Procs))})
 	if err != nil {
 		return nil, fmt.Errorf("capture files of %s: %w", s.id, err)
 	}

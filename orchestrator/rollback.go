@@ -84,7 +84,7 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, target ckptRecord, 
 		return 0, err
 	}
 	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: s.merged(), Upper: s.sb.Layout.Upper,
-		Lower: s.sb.Layout.Lower, Target: target.ID, Hints: overlay.WritableFiles(pids(procs))})
+		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs))})
 	if err != nil {
 		return 0, fmt.Errorf("restore files: %w", err)
 	}

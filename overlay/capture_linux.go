@@ -65,7 +65,7 @@ func (s *Store) Prepare(ctx context.Context, req CaptureRequest) (*PendingCaptur
 	}
 	defer unix.Close(rootfd)
 	full := req.Level == L2 || len(s.chain) == 0
-	if p.res, err = s.scan(ctx, rootfd, req.Upper, full, req.Hints); err != nil {
+	if p.res, err = s.scan(ctx, rootfd, req.Upper, full, req.Open); err != nil {
 		return nil, fmt.Errorf("capture %s: scan upper dir: %w", req.ID, err)
 	}
 	p.scanned = time.Now()

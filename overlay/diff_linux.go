@@ -77,7 +77,7 @@ func (s *Store) stateOf(ctx context.Context, id string) (map[string]*Entry, erro
 		return nil, err
 	}
 	defer unix.Close(fd)
-	res, err := s.scan(ctx, fd, latest.Upper, false, nil)
+	res, err := s.scan(ctx, fd, latest.Upper, false, OpenFiles{})
 	if err != nil {
 		return nil, err
 	}

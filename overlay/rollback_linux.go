@@ -57,7 +57,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 		return nil, err
 	}
 	defer fds.close()
-	res, err := s.scan(ctx, fds.upper, req.Upper, false, req.Hints)
+	res, err := s.scan(ctx, fds.upper, req.Upper, false, req.Open)
 	if err != nil {
 		return nil, fmt.Errorf("scan upper dir: %w", err)
 	}

@@ -16,12 +16,62 @@ import (
 )
 
 // scan finds what changed in the upper dir since the index: from the change tracker when it
-// vouches for the interval (only the dirty paths, the paths of changed inodes and the hints
-// are stat'ed), else by walking the whole upper dir (which, once applied, primes the
-// tracker). all asks for a walk that reports every path. hints are paths (relative to the
-// sandbox root) that may have changed without an event: files held open for writing or
-// mapped.
-func (s *Store) scan(ctx context.Context, rootfd int, upper string, all bool, hints []string) (*scanResult, error) {
+// vouches for the interval (only the dirty paths, the paths of changed inodes and the open
+// files are stat'ed), else by walking the whole upper dir (which, once applied, primes the
+// tracker). all asks for a walk that reports every path. Mapped files are reported changed
+// whatever their stat says.
+func (s *Store) scan(ctx context.Context, rootfd int, upper string, all bool, open OpenFiles) (*scanResult, error) {
+	res, err := s.scanChanges(ctx, rootfd, upper, all, open.all())
+	if err != nil {
+		return nil, err
+	}
+	return res, s.forceMapped(rootfd, res, open.Mapped)
+}
+
+// forceMapped adds to res the mapped regular files it does not list yet.
+func (s *Store) forceMapped(rootfd int, res *scanResult, mapped []string) error {
+	if len(mapped) == 0 {
+		return nil
+	}
+	listed := map[string]bool{}
+	for _, c := range res.changed {
+		listed[c.entry.Path] = true
+	}
+	added := false
+	for _, m := range mapped {
+		p, err := cleanRel(strings.TrimPrefix(m, "/"))
+		if err != nil || listed[p] {
+			continue
+		}
+		pfd, name, err := openParent(rootfd, p)
+		if isNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("open upper dir of %q: %w", p, err)
+		}
+		var st unix.Stat_t
+		err = unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+			var c *scanned
+			if c, err = describeScanned(pfd, p, &st); err == nil {
+				res.changed = append(res.changed, c)
+				listed[p], added = true, true
+			}
+		}
+		unix.Close(pfd)
+		if err != nil && !isNotExist(err) {
+			return fmt.Errorf("stat mapped upper file %q: %w", p, err)
+		}
+	}
+	if added {
+		sort.Slice(res.changed, func(i, j int) bool { return pathLess(res.changed[i].entry.Path, res.changed[j].entry.Path) })
+	}
+	return nil
+}
+
+// scanChanges is scan without the mapped files' rule.
+func (s *Store) scanChanges(ctx context.Context, rootfd int, upper string, all bool, hints []string) (*scanResult, error) {
 	trk := s.trackerFor(upper)
 	if trk == nil {
 		return scanUpper(ctx, rootfd, s.idx, all, s.opts.workers, nil)

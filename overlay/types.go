@@ -84,10 +84,9 @@ type CaptureRequest struct {
 	Level  Level    // L1 (delta) or L2 (full)
 	Upper  string   // the overlay upper dir (read only)
 	Lower  []string // the overlay lower dirs, topmost first (recorded for Diff/Export)
-	// Hints are paths (relative to the sandbox root) that may have changed without the kernel
-	// reporting it to the change tracker: files the sandbox's processes hold open for writing
-	// or have mapped shared and writable (WritableFiles lists them).
-	Hints []string
+	// Open are the files the sandbox's processes hold open for writing or have mapped shared
+	// and writable (WritableFiles lists them): changes the change tracker may not have seen.
+	Open OpenFiles
 	// Meta is stored with the checkpoint, made durable with it, and returned by Store.Meta
 	// (JSON; Capture only: Prepare's caller passes it to Commit).
 	Meta []byte
@@ -105,11 +104,11 @@ type CaptureResult struct {
 
 // RollbackRequest asks to bring a sandbox's merged mount back to checkpoint Target.
 type RollbackRequest struct {
-	Merged string   // the mounted merged dir (written through)
-	Upper  string   // the upper dir (read only)
-	Lower  []string // the lower dirs, topmost first
-	Target string   // checkpoint to restore
-	Hints  []string // as in CaptureRequest
+	Merged string    // the mounted merged dir (written through)
+	Upper  string    // the upper dir (read only)
+	Lower  []string  // the lower dirs, topmost first
+	Target string    // checkpoint to restore
+	Open   OpenFiles // as in CaptureRequest
 }
 
 // RollbackResult lists what a rollback restored.
