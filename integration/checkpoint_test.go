@@ -45,6 +45,23 @@ func (d *daemon) stateDoc(id string) string {
 
 func TestStepCheckpointRollback(t *testing.T) {
 	d := startDaemon(t)
+	stepCheckpointRollback(t, d)
+	if !strings.Contains(d.logs.String(), "walked=false") {
+		t.Errorf("no capture used the change tracker")
+	}
+}
+
+// TestStepCheckpointRollbackWalking is the same step with the change tracker off: every
+// capture walks the upper dir.
+func TestStepCheckpointRollbackWalking(t *testing.T) {
+	d := startDaemonWith(t, "[checkpoints]\ntrack_changes = false\n")
+	stepCheckpointRollback(t, d)
+	if logs := d.logs.String(); strings.Contains(logs, "walked=false") || !strings.Contains(logs, "walked=true") {
+		t.Errorf("with track_changes = false some capture did not walk the upper dir")
+	}
+}
+
+func stepCheckpointRollback(t *testing.T, d *daemon) {
 	d.createPool("py", pythonImage, 1)
 	id := d.lease("py").ID
 	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /work && echo draft > /work/notes.txt && echo keep > /work/keep.txt")

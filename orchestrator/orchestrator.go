@@ -39,6 +39,7 @@ type Options struct {
 	Metrics           *prometheus.Registry
 	Retain            int              // checkpoints kept per sandbox (default 64)
 	L2Every           int              // after this many L1 checkpoints in a row the next is L2 (0: never)
+	WalkUpperDirs     bool             // captures walk the upper dir instead of using the change tracker
 	Network           *network.Options // sandbox networking; nil: loopback only
 	Egress            EgressOptions    // the egress proxy (with Network only)
 	Effects           Effects          // the egress proxy's hooks (default: none held)

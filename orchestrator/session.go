@@ -79,7 +79,11 @@ func (o *Orchestrator) openSession(ctx context.Context, s *session, doc json.Raw
 		return fmt.Errorf("register with the egress proxy: %w", err)
 	}
 	var err error
-	if s.fs, err = overlay.NewStore(filepath.Join(s.dir, "layers")); err != nil {
+	var opts []overlay.Option
+	if o.opts.WalkUpperDirs {
+		opts = append(opts, overlay.WithoutTracking())
+	}
+	if s.fs, err = overlay.NewStore(filepath.Join(s.dir, "layers"), opts...); err != nil {
 		return err
 	}
 	if s.state, err = state.Open(ctx, filepath.Join(s.dir, "state")); err != nil {

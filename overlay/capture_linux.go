@@ -102,7 +102,7 @@ func (p *PendingCapture) Commit(meta []byte) (*CaptureResult, error) {
 		out.Paths = append(out.Paths, e.Path)
 	}
 	log.L(context.Background()).Debug("overlay checkpoint captured", "checkpoint", m.ID, "level", m.Level.String(),
-		"files_changed", out.FilesChanged, "bytes_copied", p.copied, "duration", out.Duration,
+		"files_changed", out.FilesChanged, "bytes_copied", p.copied, "walked", p.res.walked, "duration", out.Duration,
 		"scan", p.scanned.Sub(p.start), "copy", p.copyEnd.Sub(p.scanned), "commit", time.Since(p.copyEnd))
 	return out, nil
 }

@@ -103,7 +103,8 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	o, err := orchestrator.New(ctx, orchestrator.Options{
 		Root: cfg.Root, ContainerdAddress: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI, InitBinary: initBinary,
-		Metrics: registry, Retain: cfg.Checkpoints.Retain, L2Every: cfg.Checkpoints.L2Every, Network: netOpts,
+		Metrics: registry, Retain: cfg.Checkpoints.Retain, L2Every: cfg.Checkpoints.L2Every,
+		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, Network: netOpts,
 		Egress: orchestrator.EgressOptions{UpstreamCAFile: cfg.Egress.UpstreamCAFile, BodyLimit: cfg.Egress.BodyLimit},
 	})
 	if err != nil {

@@ -52,8 +52,9 @@ type Network struct {
 
 // Checkpoints configures step checkpoints.
 type Checkpoints struct {
-	Retain  int `toml:"retain"`
-	L2Every int `toml:"l2_every"`
+	Retain       int  `toml:"retain"`
+	L2Every      int  `toml:"l2_every"`
+	TrackChanges bool `toml:"track_changes"`
 }
 
 // Containerd says which containerd to use.

@@ -46,3 +46,13 @@ func TestBadLogFormat(t *testing.T) {
 		t.Fatal("want error for log.format xml")
 	}
 }
+
+func TestTrackChanges(t *testing.T) {
+	if !Default().Checkpoints.TrackChanges {
+		t.Fatal("change tracking is off by default")
+	}
+	c, err := Parse([]byte("version = 1\n[checkpoints]\ntrack_changes = false\n"), "t.toml")
+	if err != nil || c.Checkpoints.TrackChanges || c.Checkpoints.Retain != Default().Checkpoints.Retain {
+		t.Fatalf("track_changes = false: %+v, %v", c.Checkpoints, err)
+	}
+}
