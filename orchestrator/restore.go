@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
@@ -41,11 +42,13 @@ func (o *Orchestrator) Restore(ctx context.Context, uri, poolName string, emit E
 	if !o.criu.Available {
 		return api.Lease{}, fmt.Errorf("L3 restores are unavailable on this node: %s: %w", o.criu.Reason, errdefs.ErrFailedPrecondition)
 	}
+	start := time.Now()
 	f, err := o.fetchSnapshot(ctx, uri, emit)
 	if err != nil {
 		return api.Lease{}, err
 	}
 	defer os.RemoveAll(f.dir)
+	log.L(ctx).Debug("snapshot fetched", "uri", uri, "duration", time.Since(start))
 	return o.restoreFetched(ctx, f, poolName, emit)
 }
 
@@ -103,13 +106,17 @@ func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 		if err := criu.WriteConfig(conf, criu.Options{TCPClose: true, FileLocks: true}); err != nil {
 			return nil, err
 		}
+		start := time.Now()
 		if err := applyRootfs(ctx, f.rootfs, layout.Upper); err != nil {
 			return nil, err
 		}
 		if err := freshMachineID(layout); err != nil {
 			return nil, err
 		}
-		return o.l3.Restore(ctx, c.ID(), f.images, ioc)
+		applied := time.Now()
+		t, err := o.l3.Restore(ctx, c.ID(), f.images, ioc)
+		log.L(ctx).Debug("snapshot task restored", "container", c.ID(), "rootfs", applied.Sub(start), "criu", time.Since(applied))
+		return t, err
 	}
 }
 
@@ -187,20 +194,21 @@ func (o *Orchestrator) fetchSnapshot(ctx context.Context, uri string, emit Emit)
 }
 
 func (f *fetched) download(ctx context.Context, cas *objectstore.CAS, m ocispec.Manifest, emit Emit) error {
-	images := filepath.Join(f.dir, "images.tar.zst")
-	for _, want := range []struct{ media, path string }{{MediaCRIUImages, images}, {MediaRootfsDiff, f.rootfs}} {
-		d, err := layerByType(m, want.media)
-		if err == nil {
-			err = fetchBlob(ctx, cas, d, want.path, emit)
-		}
-		if err != nil {
-			return err
-		}
+	d, err := layerByType(m, MediaCRIUImages)
+	if err == nil {
+		err = fetchImages(ctx, cas, d, f.images, emit)
 	}
-	if err := unpackImages(ctx, images, f.images); err != nil {
+	if err != nil {
 		return err
 	}
-	d, err := layerByType(m, MediaStateDocument)
+	d, err = layerByType(m, MediaRootfsDiff)
+	if err == nil {
+		err = fetchBlob(ctx, cas, d, f.rootfs, emit)
+	}
+	if err != nil {
+		return err
+	}
+	d, err = layerByType(m, MediaStateDocument)
 	if err != nil {
 		return err
 	}
@@ -212,7 +220,33 @@ func (f *fetched) download(ctx context.Context, cas *objectstore.CAS, m ocispec.
 	return err
 }
 
-// fetchBlob downloads a blob to path; the CAS reader fails at EOF if the digest differs.
+// fetchImages unpacks the CRIU images blob into dir as it downloads, hashing it on the way:
+// the download and the unpack overlap instead of going through a staging file. The unpack
+// refuses anything but plain files and directories under dir, and CRIU sees the images only
+// after the whole blob matched its digest.
+func fetchImages(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, dir string, emit Emit) error {
+	title := d.Annotations[annotationTitle]
+	r, err := cas.Get(ctx, d.Digest)
+	if err != nil {
+		return fmt.Errorf("download %s: %w", title, err)
+	}
+	defer r.Close()
+	pr := &progressReader{r: r, emit: emit, p: api.Progress{Phase: "download", Blob: title, Total: d.Size}}
+	if err := criu.Unpack(ctx, pr, dir); err != nil {
+		return fmt.Errorf("download %s (%s): %w", title, d.Digest, err)
+	}
+	// The archive may end before the blob does (zstd frame trailer, padding): read to the end,
+	// where the CAS reader checks the digest.
+	if _, err := io.Copy(io.Discard, pr); err != nil {
+		return fmt.Errorf("download %s (%s): %w", title, d.Digest, err)
+	}
+	emit(api.Progress{Phase: "download", Blob: title, Done: d.Size, Total: d.Size})
+	return nil
+}
+
+// fetchBlob downloads a blob to path; the CAS reader fails at EOF if the digest differs. The
+// file is a staging copy under the restore's temp dir, removed afterwards, so it is not
+// fsynced: a crash leaves nothing that needs it.
 func fetchBlob(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, path string, emit Emit) error {
 	title := d.Annotations[annotationTitle]
 	r, err := cas.Get(ctx, d.Digest)
@@ -230,16 +264,7 @@ func fetchBlob(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, 
 		return fmt.Errorf("download %s (%s): %w", title, d.Digest, err)
 	}
 	emit(api.Progress{Phase: "download", Blob: title, Done: d.Size, Total: d.Size})
-	return out.Sync()
-}
-
-func unpackImages(ctx context.Context, path, dir string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return criu.Unpack(ctx, f, dir)
+	return out.Close()
 }
 
 func readZstd(path string) ([]byte, error) {
