@@ -71,7 +71,7 @@ type watcher struct {
 	mu       sync.Mutex
 	fd       int
 	seq      uint64 // drain generation: what one drain reads is marked with it
-	marked   map[string]bool
+	marked   map[string]int // filesystems with a mark (by fsid) → trackers on them
 	dirs     map[string]*watchDir // directory handle key → directory
 	inodes   map[string]*inodeRec // changed inodes by handle key
 	trackers map[*tracker]bool
@@ -108,7 +108,7 @@ func sharedWatcher() (*watcher, error) {
 			theWatcherErr = fmt.Errorf("fanotify_init: %w", err)
 			return
 		}
-		theWatcher = &watcher{fd: fd, marked: map[string]bool{}, dirs: map[string]*watchDir{},
+		theWatcher = &watcher{fd: fd, marked: map[string]int{}, dirs: map[string]*watchDir{},
 			inodes: map[string]*inodeRec{}, trackers: map[*tracker]bool{}, buf: make([]byte, 256<<10)}
 		go theWatcher.loop()
 	})
@@ -287,22 +287,29 @@ func (w *watcher) prune() {
 	}
 }
 
-// mark makes sure the filesystem holding the open directory fd is marked.
+// mark makes sure the filesystem holding the open directory fd is marked, and counts one
+// more tracker on it. Callers hold w.mu.
 func (w *watcher) mark(fd int, fsid string) error {
-	w.mu.Lock()
-	done := w.marked[fsid]
-	w.mu.Unlock()
-	if done {
-		return nil
+	if w.marked[fsid] == 0 {
+		err := unix.FanotifyMark(w.fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fanMask, fd, "")
+		if err != nil {
+			return fmt.Errorf("fanotify_mark: %w", err)
+		}
 	}
-	err := unix.FanotifyMark(w.fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, fanMask, fd, "")
-	if err != nil {
-		return fmt.Errorf("fanotify_mark: %w", err)
-	}
-	w.mu.Lock()
-	w.marked[fsid] = true
-	w.mu.Unlock()
+	w.marked[fsid]++
 	return nil
+}
+
+// unmark counts one tracker less on the filesystem of fd and removes the mark with the last
+// one: with no sandbox to track, the filesystem's writes cost nothing. Callers hold w.mu.
+func (w *watcher) unmark(fd int, fsid string) {
+	if w.marked[fsid]--; w.marked[fsid] > 0 {
+		return
+	}
+	delete(w.marked, fsid)
+	if err := unix.FanotifyMark(w.fd, unix.FAN_MARK_REMOVE|unix.FAN_MARK_FILESYSTEM, fanMask, fd, ""); err != nil {
+		slog.Warn("overlay change tracker: remove the filesystem mark", "error", err)
+	}
 }
 
 // tracker follows one upper dir for one Store. Fields but mountfd are guarded by w.mu.
@@ -339,18 +346,19 @@ func (w *watcher) newTracker(upper string) (*tracker, error) {
 		return nil, fmt.Errorf("open %s: %w", upper, err)
 	}
 	fsid, err := fsidOf(fd)
-	if err == nil {
-		err = w.mark(fd, fsid)
-	}
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
-	t := &tracker{w: w, upper: upper, fsid: fsid, mountfd: fd, dirty: map[string]uint64{}, dirKeys: map[string]bool{}}
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.mark(fd, fsid); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	t := &tracker{w: w, upper: upper, fsid: fsid, mountfd: fd, dirty: map[string]uint64{}, dirKeys: map[string]bool{}}
 	w.trackers[t] = true
 	t.applied = w.seq
-	w.mu.Unlock()
 	return t, nil
 }
 
@@ -563,6 +571,7 @@ func (t *tracker) close() {
 	clear(t.dirKeys)
 	t.primed = false
 	delete(w.trackers, t)
+	w.unmark(t.mountfd, t.fsid)
 	w.prune()
 	w.mu.Unlock()
 	unix.Close(t.mountfd)

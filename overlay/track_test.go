@@ -4,6 +4,7 @@ package overlay
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -139,5 +140,36 @@ func TestTrackerStoresApart(t *testing.T) {
 	}
 	if p := pathsOf(rb); !p["keep/only-b"] || p["data/only-a"] {
 		t.Fatalf("store b captured %v", rb.Paths)
+	}
+}
+
+// fsMarks counts the filesystem marks of the process's fanotify group (from its fdinfo).
+func fsMarks(t *testing.T) int {
+	t.Helper()
+	w, err := sharedWatcher()
+	must(t, err)
+	data, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", w.fd))
+	must(t, err)
+	n := 0
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, "fanotify sdev:") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestTrackerUnmarksWhenIdle: the filesystem mark exists while a store tracks an upper dir on
+// it and goes with the last one, so an idle daemon costs the host's writes nothing.
+func TestTrackerUnmarksWhenIdle(t *testing.T) {
+	before := fsMarks(t)
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	if got := fsMarks(t); got != 1 {
+		t.Fatalf("%d filesystem marks while tracking, want 1 (before: %d)", got, before)
+	}
+	f.s.Close()
+	if got := fsMarks(t); got != 0 {
+		t.Fatalf("%d filesystem marks after the last store closed, want 0", got)
 	}
 }
