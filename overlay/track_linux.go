@@ -70,8 +70,8 @@ const maxDirty = 1 << 16
 type watcher struct {
 	mu       sync.Mutex
 	fd       int
-	seq      uint64 // drain generation: what one drain reads is marked with it
-	marked   map[string]int // filesystems with a mark (by fsid) → trackers on them
+	seq      uint64               // drain generation: what one drain reads is marked with it
+	marked   map[string]int       // filesystems with a mark (by fsid) → trackers on them
 	dirs     map[string]*watchDir // directory handle key → directory
 	inodes   map[string]*inodeRec // changed inodes by handle key
 	trackers map[*tracker]bool
