@@ -43,9 +43,11 @@ func newRootManager(t testing.TB, subnet netip.Prefix) *Manager {
 		}
 	}
 	ctx := context.Background()
+	nsDir := t.TempDir()
+	t.Cleanup(func() { _ = unix.Unmount(nsDir, unix.MNT_DETACH) }) // New makes it a mount point
 	m, err := New(ctx, Options{
 		StateDir: t.TempDir(), NetworkName: testNetwork, Bridge: testBridge, Subnet: subnet,
-		NetNSDir: t.TempDir(), ProxyPort: testProxyPort,
+		NetNSDir: nsDir, ProxyPort: testProxyPort,
 		TransparentHTTPPort: testHTTPPort, TransparentHTTPSPort: testHTTPSPort,
 	})
 	if err != nil {

@@ -44,6 +44,9 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	if err := os.MkdirAll(ipamDir(o.StateDir), 0o700); err != nil {
 		return nil, fmt.Errorf("create network state dir: %w", err)
 	}
+	if err := shareNetNSDir(o.NetNSDir); err != nil {
+		return nil, err
+	}
 	m := newManager(o, c)
 	if err := m.Ensure(ctx); err != nil {
 		return nil, err

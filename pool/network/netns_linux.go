@@ -61,6 +61,41 @@ func disableIPv6() error {
 	return nil
 }
 
+// shareNetNSDir makes dir a shared mount point of its own, as `ip netns add` does the first
+// time it runs: namespaces pinned there then show in other mount namespaces, and a later
+// `ip netns add` finds the mount point in place. Without it, that first `ip netns add`
+// bind-mounts the directory over itself, hiding the namespaces DeltaBox had pinned there
+// under a copy, and their teardown fails with EBUSY (the hidden mounts keep the files busy).
+// A directory that is not a mount point yet but already holds pinned namespaces (from a
+// daemon before this one) is left as it is, for the same reason.
+func shareNetNSDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create netns dir: %w", err)
+	}
+	err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if !errors.Is(err, unix.EINVAL) { // EINVAL: not a mount point
+		return wrapShare(dir, err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("read netns dir: %w", err)
+	}
+	if len(entries) > 0 {
+		return nil
+	}
+	if err := unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return wrapShare(dir, err)
+	}
+	return wrapShare(dir, unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, ""))
+}
+
+func wrapShare(dir string, err error) error {
+	if err != nil {
+		return fmt.Errorf("make %s a shared mount point: %w", dir, err)
+	}
+	return nil
+}
+
 // removeNetNS unmounts and removes a pinned namespace; a missing one is fine. The namespace
 // (and the sandbox end of its veth, which takes the host end with it) goes away once no
 // process is left in it.
