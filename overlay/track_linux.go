@@ -64,7 +64,8 @@ const fanNamespace = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | u
 
 // maxDirty bounds what a tracker (and the watcher, in changed inodes) keeps between scans:
 // past it the tracker gives up until the next walk, which is then the cheaper scan anyway.
-const maxDirty = 1 << 16
+// A variable for the tests.
+var maxDirty = 1 << 16
 
 // watcher is the process's fanotify group.
 type watcher struct {
@@ -261,6 +262,30 @@ func (w *watcher) inode(r fidRecord) {
 		return
 	}
 	w.inodes[r.key] = &inodeRec{fsid: r.fsid, handle: r.handle, seq: w.seq}
+	if len(w.inodes) > maxDirty {
+		w.shed()
+	}
+}
+
+// shed makes room in the changed-inode set, which keeps what the least recently scanned
+// tracker has not seen yet: that tracker (a sandbox idle while others and the host write)
+// stops vouching, so its next capture walks and it needs none of the set, which is pruned.
+// Busy trackers keep vouching. Callers hold w.mu.
+func (w *watcher) shed() {
+	for len(w.inodes) > maxDirty/2 && len(w.trackers) > 0 {
+		var oldest *tracker
+		for t := range w.trackers {
+			if oldest == nil || t.applied < oldest.applied {
+				oldest = t
+			}
+		}
+		if oldest.applied >= w.seq {
+			break // every tracker is up to date: the set is this interval's
+		}
+		oldest.distrust("too many changed inodes since its last checkpoint")
+		oldest.applied = w.seq
+		w.prune()
+	}
 	if len(w.inodes) > maxDirty {
 		w.overflow("too many changed inodes between checkpoints")
 	}

@@ -173,3 +173,37 @@ func TestTrackerUnmarksWhenIdle(t *testing.T) {
 		t.Fatalf("%d filesystem marks after the last store closed, want 0", got)
 	}
 }
+
+// TestTrackerShedsIdleStore: when the changed-inode set outgrows its bound, the store that
+// has not captured for longest stops vouching (its next capture walks); the busy store keeps
+// its tracked captures.
+func TestTrackerShedsIdleStore(t *testing.T) {
+	defer func(n int) { maxDirty = n }(maxDirty)
+	maxDirty = 64
+	idle, busy := newFixture(t, standardLower), newFixture(t, standardLower)
+	for _, f := range []*fixture{idle, busy} {
+		f.capture(t, "c0", L1)
+		f.capture(t, "c1", L1)
+	}
+	for round := 0; round < 5; round++ {
+		for i := 0; i < 12; i++ {
+			must(t, os.WriteFile(busy.m(fmt.Sprintf("data/r%d-%d", round, i)), []byte("x"), 0o644))
+		}
+		if res := trackedCapture(t, busy, fmt.Sprintf("b%d", round)); len(res.Paths) < 12 {
+			t.Fatalf("busy capture %d: %v", round, res.Paths)
+		}
+	}
+	must(t, os.WriteFile(idle.m("data/late"), []byte("x"), 0o644))
+	walked := scanCounts.walked.Load()
+	res := idle.capture(t, "c2", L1)
+	if scanCounts.walked.Load() == walked {
+		t.Fatal("the idle store's capture did not walk after it was shed")
+	}
+	if !pathsOf(res)["data/late"] {
+		t.Fatalf("idle capture missed data/late: %v", res.Paths)
+	}
+	must(t, os.WriteFile(idle.m("data/later"), []byte("x"), 0o644))
+	if res := trackedCapture(t, idle, "c3"); !pathsOf(res)["data/later"] {
+		t.Fatalf("the idle store's tracker did not prime again: %v", res.Paths)
+	}
+}
