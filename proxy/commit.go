@@ -46,7 +46,11 @@ func (p *Proxy) Commit(ctx context.Context, sandboxID string) (CommitResult, err
 	if err := j.append(&record{Type: recCommit, Upto: upto}, true); err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s: %w", sandboxID, err)
 	}
-	return p.release(ctx, sandboxID, j, upto)
+	res, err := p.release(ctx, sandboxID, j, upto)
+	if err == nil {
+		j.maybeCompact(ctx)
+	}
+	return res, err
 }
 
 // ResumeCommits finishes every commit a previous process started and did not finish.
@@ -228,7 +232,11 @@ func (p *Proxy) Rollback(ctx context.Context, sandboxID string, watermark uint64
 			compensated++
 		}
 	}
-	return dropped, compensated, j.flush()
+	if err := j.flush(); err != nil {
+		return dropped, compensated, err
+	}
+	j.maybeCompact(ctx)
+	return dropped, compensated, nil
 }
 
 func (p *Proxy) compensateEffect(ctx context.Context, sandboxID string, j *journal, st *effectState) (Effect, error) {

@@ -374,3 +374,59 @@ func TestJournalLimit(t *testing.T) {
 		t.Fatalf("commit on a full journal: %+v %v", res, err)
 	}
 }
+
+// TestJournalCompaction: once sent and dropped effects' bodies make up most of a journal,
+// commit rewrites it without them; every effect keeps its record and status (also across a
+// restart), a held effect keeps its body, and new effects append to the compacted file.
+func TestJournalCompaction(t *testing.T) {
+	defer func(n int64) { compactMin = n }(compactMin)
+	compactMin = 4 << 10
+	up := newUpstream(t, false)
+	e := newEnv(t)
+	e.register(2, "sb-a", basePolicy(up.hostPort()))
+	c := e.client(2)
+	path := filepath.Join(e.dir, "journal", "sb-a.journal")
+	for i := 0; i < 10; i++ {
+		holdPOST(t, c, up.URL+fmt.Sprintf("/sent%d", i), strings.Repeat("s", 4000))
+	}
+	if res, err := e.p.Commit(e.ctx, "sb-a"); err != nil || res.Released != 10 {
+		t.Fatalf("commit: %+v %v", res, err)
+	}
+	dropMark := e.p.Watermark("sb-a")
+	holdPOST(t, c, up.URL+"/dropped", strings.Repeat("d", 4000))
+	if _, _, err := e.p.Rollback(e.ctx, "sb-a", dropMark); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() > 6000 { // 11 records of method, URL and status; the bodies alone were 44,000
+		t.Fatalf("journal is %d bytes after commit and rollback; want it compacted", st.Size())
+	}
+	before := e.p.Effects("sb-a")
+	if len(before) != 11 || before[0].Status != StatusReleased || before[10].Status != StatusDropped {
+		t.Fatalf("effects after compaction: %+v", before)
+	}
+	holdPOST(t, c, up.URL+"/later", "the body of a held effect")
+	e.close()
+
+	e2 := newEnvAt(t, e.dir)
+	after := e2.p.Effects("sb-a")
+	if len(after) != 12 || after[11].Status != StatusHeld {
+		t.Fatalf("effects after restart: %+v", after)
+	}
+	for i := range before {
+		if before[i] != after[i] {
+			t.Fatalf("effect %d changed across compaction and restart: %+v, then %+v", i, before[i], after[i])
+		}
+	}
+	e2.register(2, "sb-a", basePolicy(up.hostPort()))
+	if res, err := e2.p.Commit(e2.ctx, "sb-a"); err != nil || res.Released != 1 {
+		t.Fatalf("commit after restart: %+v %v", res, err)
+	}
+	reqs := up.seen()
+	if last := reqs[len(reqs)-1]; last.Path != "/later" || last.Body != "the body of a held effect" {
+		t.Fatalf("held effect sent as %+v", last)
+	}
+}

@@ -22,8 +22,9 @@ import (
 //
 //	uint32 little-endian payload length | uint32 CRC-32C of the payload | JSON payload
 //
-// appended and never rewritten. A record that is short or fails its checksum is a torn tail
-// from a crash: it and everything after it are cut off when the journal is opened.
+// appended, and rewritten only by compaction (a new file renamed over the old one). A record
+// that is short or fails its checksum is a torn tail from a crash: it and everything after it
+// are cut off when the journal is opened.
 
 const (
 	frameHeader = 8
@@ -73,13 +74,16 @@ type storedEffect struct {
 	ResponseStatus int            `json:"response_status,omitempty"`
 	Compensation   *storedRequest `json:"compensation,omitempty"`
 	CompensateErr  string         `json:"compensate_error,omitempty"`
+	Compacted      bool           `json:"compacted,omitempty"` // request body and headers dropped
 }
 
 // effectState is the in-memory index entry of an effect; bodies stay on disk at off.
 type effectState struct {
 	Effect
 	off          int64
-	compensation bool // has a compensating request (or an error rendering it)
+	size         int64 // of its effect record
+	compensation bool  // has a compensating request (or an error rendering it)
+	compacted    bool
 }
 
 // journal is one sandbox's effect journal.
@@ -142,7 +146,7 @@ func (j *journal) replay(data []byte) int64 {
 		if !ok {
 			return off
 		}
-		j.apply(rec, off)
+		j.apply(rec, off, int64(n))
 		off += int64(n)
 	}
 }
@@ -182,14 +186,15 @@ func decodeRecord(data []byte) (rec *record, n int, ok bool) {
 	return rec, frameHeader + size, true
 }
 
-// apply updates the in-memory index with a record written at off. Callers hold j.mu (or own j).
-func (j *journal) apply(r *record, off int64) {
+// apply updates the in-memory index with a record of size bytes written at off. Callers hold
+// j.mu (or own j).
+func (j *journal) apply(r *record, off, size int64) {
 	switch r.Type {
 	case recEffect:
 		if r.Effect == nil {
 			return
 		}
-		st := &effectState{Effect: r.Effect.public(), off: off}
+		st := &effectState{Effect: r.Effect.public(), off: off, size: size, compacted: r.Effect.Compacted}
 		st.compensation = r.Effect.Compensation != nil || r.Effect.CompensateErr != ""
 		j.effects = append(j.effects, st)
 		j.byID[st.ID] = st
@@ -261,7 +266,7 @@ func (j *journal) write(r *record) (uint64, error) {
 		_ = j.f.Truncate(j.size) // do not leave a partial record in front of later ones
 		return 0, fmt.Errorf("write journal %s: %w: %w", j.path, errdefs.ErrUnavailable, err)
 	}
-	j.apply(r, j.size)
+	j.apply(r, j.size, int64(len(buf)))
 	j.size += int64(len(buf))
 	j.written++
 	return j.written, nil
@@ -303,6 +308,11 @@ func (j *journal) load(st *effectState) (*storedEffect, error) {
 	if f == nil {
 		return nil, fmt.Errorf("journal %s is closed: %w", j.path, errdefs.ErrNotFound)
 	}
+	return readEffect(f, st)
+}
+
+// readEffect reads the effect record of st from f.
+func readEffect(f *os.File, st *effectState) (*storedEffect, error) {
 	var hdr [frameHeader]byte
 	if _, err := f.ReadAt(hdr[:], st.off); err != nil {
 		return nil, fmt.Errorf("read effect %s: %w", st.ID, err)
