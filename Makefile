@@ -42,8 +42,13 @@ setup: deps containerd images
 
 # -p 1: packages one at a time; the root tests of several packages share containerd, iptables
 # and CRIU's network lock, and their timings are tuned for a machine they have to themselves.
+# Packages whose concurrency (the change tracker, the effect journal, the state log's group
+# commit, the init's streams) also runs under the race detector.
+RACE_PKGS := ./overlay/ ./proxy/ ./orchestrator/state/ ./pool/initproto/
+
 test: setup build ## unit, root and integration tests against the real stack
 	$(TEST_ENV) $(GO) test $(TEST_FLAGS) ./...
+	$(TEST_ENV) $(GO) test -count=1 -race $(RACE_PKGS)
 
 test-unit: ## unit tests only (no root, no containerd)
 	$(GO) test -count=1 -short ./...

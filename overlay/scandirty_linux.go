@@ -253,7 +253,7 @@ func scanDirty(ctx context.Context, rootfd int, ix *index, cands map[string]bool
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	for _, r := range d.roots {
+	for _, r := range outermost(d.roots) {
 		w.wg.Add(1)
 		go w.dir(r.rel, r.st)
 	}
@@ -268,6 +268,26 @@ func scanDirty(ctx context.Context, rootfd int, ix *index, cands map[string]bool
 	}
 	d.vanished(w.gen)
 	return d.finish(), nil
+}
+
+// outermost returns the directories not inside another of them: a walk of a directory covers
+// its subdirectories, and two walks of one directory would race on its index entries.
+func outermost(dirs []*scanned) []*scanned {
+	set := make(map[string]bool, len(dirs))
+	for _, r := range dirs {
+		set[r.rel] = true
+	}
+	var out []*scanned
+	for _, r := range dirs {
+		inner := false
+		for p := parentOf(r.rel); p != "" && !inner; p = parentOf(p) {
+			inner = set[p]
+		}
+		if !inner {
+			out = append(out, r) // each path is probed, so listed, once
+		}
+	}
+	return out
 }
 
 // probe stats one candidate path and records what changed.
