@@ -28,8 +28,9 @@ type infoDoc struct {
 	}
 	Host struct {
 		Kernel     string
-		CgroupMode string `json:"cgroup_mode"`
-		Overlayfs  bool
+		CgroupMode     string `json:"cgroup_mode"`
+		Overlayfs      bool
+		ChangeTracking string `json:"change_tracking"`
 	}
 	StateRoot string `json:"state_root"`
 }
@@ -50,8 +51,11 @@ func TestInfoReportsDependencies(t *testing.T) {
 	if info.Daemon.Commit == "" || info.Daemon.Commit != info.Client.Commit {
 		t.Errorf("daemon and client commits differ: %+v / %+v", info.Daemon, info.Client)
 	}
+	if info.Host.ChangeTracking != "fanotify" {
+		t.Errorf("change tracking should be available on this machine: %q", info.Host.ChangeTracking)
+	}
 	text := d.cli("info")
-	mustContain(t, "info text", text, "CRIU check:", "passed", "reachable")
+	mustContain(t, "info text", text, "CRIU check:", "passed", "reachable", "Change tracking:")
 }
 
 func TestDaemonUnreachableContainerdFailsFast(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/deltabox/deltabox/internal/version"
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/overlay"
 )
 
 // Info reports the daemon, its dependencies and the host.
@@ -24,7 +25,7 @@ func (o *Orchestrator) Info(ctx context.Context) (api.Info, error) {
 			Path: o.criu.Path, Version: o.criu.VersionString(), CheckPassed: o.criu.CheckPassed,
 			CheckOutput: o.criu.CheckOutput, L3Available: o.criu.Available, Reason: o.criu.Reason,
 		},
-		Host:      hostInfo(),
+		Host:      o.hostInfo(),
 		StateRoot: o.opts.Root,
 		Namespace: o.opts.Namespace,
 		Store:     api.ObjectStore{URI: o.opts.ObjectStoreURI},
@@ -57,8 +58,16 @@ func runcInfo(ctx context.Context) api.Component {
 	return api.Component{Path: path, Version: strings.TrimPrefix(first, "runc version ")}
 }
 
-func hostInfo() api.Host {
+func (o *Orchestrator) hostInfo() api.Host {
 	h := api.Host{Arch: runtime.GOARCH, CgroupMode: cgroupMode(), Overlayfs: hasFilesystem("overlay")}
+	switch err := overlay.TrackingAvailable(); {
+	case o.opts.WalkUpperDirs:
+		h.ChangeTracking = "walk: checkpoints.track_changes is false"
+	case err != nil:
+		h.ChangeTracking = "walk: " + err.Error()
+	default:
+		h.ChangeTracking = "fanotify"
+	}
 	var u unix.Utsname
 	if unix.Uname(&u) == nil {
 		h.Kernel = unix.ByteSliceToString(u.Release[:])

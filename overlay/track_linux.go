@@ -100,6 +100,13 @@ var (
 	theWatcherOnce sync.Once
 )
 
+// TrackingAvailable reports why change tracking cannot work here (nil: it can): fanotify
+// with file handles, which needs CAP_SYS_ADMIN and Linux 5.9.
+func TrackingAvailable() error {
+	_, err := sharedWatcher()
+	return err
+}
+
 // sharedWatcher returns the process's watcher, starting it on first use.
 func sharedWatcher() (*watcher, error) {
 	theWatcherOnce.Do(func() {

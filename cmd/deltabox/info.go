@@ -52,6 +52,7 @@ func printInfo(w io.Writer, r infoResult) {
 	row("Kernel", "%s (%s)", r.Host.Kernel, r.Host.Arch)
 	row("Cgroups", "%s", r.Host.CgroupMode)
 	row("Overlayfs", "%t", r.Host.Overlayfs)
+	row("Change tracking", "%s", r.Host.ChangeTracking)
 	row("State root", "%s", r.StateRoot)
 	row("Object store", "%s", r.Store.URI)
 }

@@ -52,6 +52,9 @@ type Host struct {
 	Arch       string `json:"arch"`
 	CgroupMode string `json:"cgroup_mode"`
 	Overlayfs  bool   `json:"overlayfs"`
+	// ChangeTracking says whether L1 checkpoints find changes with fanotify ("fanotify") or
+	// walk the upper dir ("walk: <why>").
+	ChangeTracking string `json:"change_tracking"`
 }
 
 // ObjectStore names where L3 snapshots go.
