@@ -27,7 +27,7 @@ type infoDoc struct {
 		Reason      string `json:"reason"`
 	}
 	Host struct {
-		Kernel     string
+		Kernel         string
 		CgroupMode     string `json:"cgroup_mode"`
 		Overlayfs      bool
 		ChangeTracking string `json:"change_tracking"`
