@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,6 +34,14 @@ func (d *daemon) tree(id string) string {
 		d.t.Fatalf("tree walk looks wrong (no stat and checksum line for /etc/passwd):\n%.2000s", out)
 	}
 	return out
+}
+
+// envInt returns the positive integer in the environment variable name, or def.
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
 }
 
 func (d *daemon) stateDoc(id string) string {
@@ -253,12 +262,25 @@ print(call("POST", "/v1/self/rollback", {"to": "1", "force": True})[0])
 func TestRandomizedRollback(t *testing.T) {
 	d := startDaemon(t)
 	d.createPool("bb", busyboxImage, 1)
-	id := d.lease("bb").ID
-	rng := rand.New(rand.NewPCG(42, uint64(len(id))))
-	ops := 200
-	if testing.Short() {
-		ops = 60
+	// Seed 8 chmods the sandbox's root through a symlink to "/". DELTABOX_RANDOM_SEED and
+	// DELTABOX_RANDOM_OPS run it differently or longer.
+	seeds, ops := []int{42, 8}, envInt("DELTABOX_RANDOM_OPS", 300)
+	if s := envInt("DELTABOX_RANDOM_SEED", 0); s > 0 {
+		seeds = []int{s}
 	}
+	if testing.Short() {
+		seeds, ops = seeds[:1], 60
+	}
+	for _, seed := range seeds {
+		randomizedRollback(t, d, seed, ops)
+	}
+}
+
+// randomizedRollback runs ops random file operations and state patches in a new lease, takes
+// checkpoints and rolls back to random earlier ones, comparing full walks.
+func randomizedRollback(t *testing.T, d *daemon, seed, ops int) {
+	id := d.lease("bb").ID
+	rng := rand.New(rand.NewPCG(uint64(seed), uint64(len(id))))
 	type snap struct{ id, tree, state string }
 	var snaps []snap
 	take := func() {
@@ -282,10 +304,10 @@ func TestRandomizedRollback(t *testing.T) {
 			k := rng.IntN(len(snaps))
 			d.cli("rollback", id, "--to", snaps[k].id)
 			if got := d.tree(id); got != snaps[k].tree {
-				t.Fatalf("op %d: tree after rollback to %s differs:\n%s", i, snaps[k].id, lineDiff(snaps[k].tree, got))
+				t.Fatalf("seed %d, op %d: tree after rollback to %s differs:\n%s", seed, i, snaps[k].id, lineDiff(snaps[k].tree, got))
 			}
 			if got := d.stateDoc(id); got != snaps[k].state {
-				t.Fatalf("op %d: state after rollback to %s: %s, want %s", i, snaps[k].id, got, snaps[k].state)
+				t.Fatalf("seed %d, op %d: state after rollback to %s: %s, want %s", seed, i, snaps[k].id, got, snaps[k].state)
 			}
 			snaps = snaps[:k+1]
 		}

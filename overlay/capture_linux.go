@@ -37,6 +37,7 @@ type PendingCapture struct {
 	pw      *packWriter
 	res     *scanResult
 	copied  int64
+	rootKey Key
 	start   time.Time
 	scanned time.Time
 	copyEnd time.Time
@@ -72,6 +73,10 @@ func (s *Store) Prepare(ctx context.Context, req CaptureRequest) (*PendingCaptur
 	if p.m, p.pw, p.copied, err = s.copyCheckpoint(rootfd, req, full, p.res); err != nil {
 		return nil, fmt.Errorf("capture %s: %w", req.ID, err)
 	}
+	if p.m.Root, p.rootKey, err = s.captureRoot(rootfd, full); err != nil {
+		p.pw.abort()
+		return nil, fmt.Errorf("capture %s: %w", req.ID, err)
+	}
 	p.copyEnd = time.Now()
 	ok = true
 	return p, nil
@@ -97,6 +102,10 @@ func (p *PendingCapture) Commit(meta []byte) (*CaptureResult, error) {
 		return nil, fmt.Errorf("capture %s: %w", m.ID, err)
 	}
 	s.commitCapture(m, p.pw.file(), p.res)
+	if m.Root != nil {
+		s.root = m.Root
+	}
+	s.rootKey = p.rootKey // the root as recorded, whether it moved or not
 	out := &CaptureResult{ID: m.ID, Level: m.Level, FilesChanged: len(m.Entries), BytesCopied: p.copied, Duration: time.Since(p.start)}
 	for _, e := range m.Entries {
 		out.Paths = append(out.Paths, e.Path)
@@ -121,6 +130,46 @@ func (p *PendingCapture) Abort() {
 	p.pw.abort()
 	s.prepareTemp()
 	s.mu.Unlock()
+}
+
+// captureRoot returns the upper dir's own metadata when a full capture needs it or it moved
+// since the latest checkpoint (nil otherwise), and its key. Writes through the merged mount to
+// "/" (chmod, chown, xattrs, utimes; entries made or removed there move its mtime) land on the
+// upper dir itself, which no entry path names.
+func (s *Store) captureRoot(rootfd int, full bool) (*Entry, Key, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(rootfd, &st); err != nil {
+		return nil, Key{}, fmt.Errorf("stat upper root: %w", err)
+	}
+	key := keyOf(&st)
+	if !full && s.root != nil && key == s.rootKey {
+		return nil, key, nil
+	}
+	e, err := describeRoot(rootfd, &st)
+	if err != nil {
+		return nil, key, err
+	}
+	if !full && sameMeta(e, s.root) {
+		return nil, key, nil
+	}
+	return e, key, nil
+}
+
+// describeRoot records the metadata of the directory open as fd, as path ".".
+func describeRoot(fd int, st *unix.Stat_t) (*Entry, error) {
+	e := entryFromStat(".", st)
+	x, _, err := readXattrs(procPath(fd, ".")) // "/proc/self/fd/N" alone is the magic link
+	if err != nil {
+		return nil, fmt.Errorf("read upper root xattrs: %w", err)
+	}
+	e.Xattrs = x
+	return e, nil
+}
+
+// sameMeta reports whether two directory records agree on everything a rollback restores.
+func sameMeta(a, b *Entry) bool {
+	return a != nil && b != nil && a.Mode == b.Mode && a.UID == b.UID && a.GID == b.GID &&
+		a.Mtime == b.Mtime && sameXattrs(a.Xattrs, b.Xattrs)
 }
 
 // checkCapture validates a capture request against the store.

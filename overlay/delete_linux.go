@@ -82,7 +82,7 @@ func (s *Store) deleteInner(pos int) error {
 			return err
 		}
 	}
-	s.state = s.foldState(len(s.chain) - 1)
+	s.state, s.root = s.foldState(len(s.chain)-1), s.foldRoot(len(s.chain)-1)
 	return nil
 }
 
@@ -91,6 +91,9 @@ func (s *Store) deleteInner(pos int) error {
 func mergeManifests(old, next *manifest) *manifest {
 	m := *next
 	m.Parent, m.Full = old.Parent, old.Full || next.Full
+	if m.Root == nil {
+		m.Root = old.Root
+	}
 	entries := map[string]*Entry{}
 	if !next.Full {
 		for _, e := range old.Entries {

@@ -44,6 +44,9 @@ type manifest struct {
 	Entries  []*Entry        `json:"entries"`
 	Index    map[string]*Key `json:"index"`          // change-detection keys; nil deletes
 	Meta     json.RawMessage `json:"meta,omitempty"` // the caller's record of the checkpoint
+	// Root is the upper dir's own metadata (mode, owner, mtime, xattrs; path "."), when it
+	// changed since the previous checkpoint (always in a full one).
+	Root *Entry `json:"root,omitempty"`
 }
 
 // packWriter writes one pack file.

@@ -181,7 +181,7 @@ func (r *randomizer) mutate(i int) {
 	newPath := r.f.m(filepath.Join(r.pick(dirs), fmt.Sprintf("n%d", i)))
 	file, dir, any := r.pick(files), r.pick(dirs[1:]), r.pick(all)
 	m := r.f.m
-	op := r.rng.IntN(15)
+	op := r.rng.IntN(16)
 	if os.Getenv("DELTABOX_OVERLAY_RANDOM_TRACE") != "" {
 		r.t.Logf("op %d kind %d new=%s file=%s dir=%s any=%s", i, op, newPath, file, dir, any)
 	}
@@ -236,6 +236,15 @@ func (r *randomizer) mutate(i int) {
 	case 14:
 		if target := r.pick(files); target != "" {
 			_ = unix.Lremovexattr(m(target), fmt.Sprintf("user.k%d", r.rng.IntN(3)))
+		}
+	case 15: // the root directory itself
+		switch r.rng.IntN(3) {
+		case 0:
+			_ = os.Chmod(r.f.merged, []os.FileMode{0o755, 0o700, 0o711}[r.rng.IntN(3)])
+		case 1:
+			_ = os.Lchown(r.f.merged, []int{0, 1000}[r.rng.IntN(2)], 0)
+		default:
+			_ = unix.Lsetxattr(r.f.merged, "user.root", r.xattrValue(), 0)
 		}
 	}
 }

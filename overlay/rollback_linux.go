@@ -78,6 +78,10 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 	if err := pl.apply(fds.merged); err != nil {
 		return nil, err
 	}
+	root := s.foldRoot(pos)
+	if err := restoreRoot(fds, root); err != nil {
+		return nil, err
+	}
 	if err := s.finishRollback(pos, fds.upper, res, pl, target); err != nil {
 		return nil, err
 	}
@@ -89,6 +93,29 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 		s.trk.touch(touched)
 	}
 	return &RollbackResult{FilesRestored: len(pl.done), Paths: pl.done}, nil
+}
+
+// restoreRoot gives the merged tree's root its metadata of the target (last: restoring the
+// entries moved its mtime) when it differs, and moves the store's record of it.
+func restoreRoot(fds rollbackRoots, want *Entry) error {
+	if want == nil {
+		return nil // recorded by a version that did not capture the root
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fds.merged, &st); err != nil {
+		return fmt.Errorf("stat merged root: %w", err)
+	}
+	have, err := describeRoot(fds.merged, &st)
+	if err != nil {
+		return err
+	}
+	if sameMeta(have, want) {
+		return nil
+	}
+	if err := setAttrs(fds.merged, ".", want, true); err != nil {
+		return fmt.Errorf("restore the root directory: %w", err)
+	}
+	return nil
 }
 
 // rollbackRoots are the open roots of one rollback.
@@ -170,6 +197,13 @@ func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, targ
 	}
 	s.pending = rec
 	s.state = target
+	s.root = s.foldRoot(pos)
+	var st unix.Stat_t
+	if unix.Fstat(upperfd, &st) == nil {
+		s.rootKey = keyOf(&st)
+	} else {
+		s.rootKey = Key{} // unknown: the next capture describes the root again
+	}
 	if err := s.dropAfter(pos); err != nil {
 		return err
 	}

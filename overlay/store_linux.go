@@ -27,6 +27,8 @@ type Store struct {
 	packs   map[string]*os.File // open pack files by checkpoint ID
 	idx     *index              // upper dir as of the latest checkpoint or rollback
 	state   map[string]*Entry   // upper state at the latest checkpoint
+	root    *Entry              // the upper dir's own metadata at the latest checkpoint
+	rootKey Key                 // its change-detection key (zero: unknown, record it again)
 	pending *rollbackRecord     // rollback not yet absorbed by a capture
 	trk     *tracker            // change tracker of the upper dir (nil until the first scan)
 	spare   chan *os.File       // an empty temp file made in the background (see tempFile)
@@ -253,7 +255,7 @@ func (s *Store) rebuild() error {
 		return nil
 	}
 	n := len(s.chain) - 1
-	s.state = s.foldState(n)
+	s.state, s.root = s.foldState(n), s.foldRoot(n)
 	keys := s.foldIndex(n)
 	if s.pending != nil {
 		applyKeys(keys, s.pending.Index)
@@ -289,6 +291,17 @@ func (s *Store) foldState(pos int) map[string]*Entry {
 		applyEntries(st, s.chain[i].Entries)
 	}
 	return st
+}
+
+// foldRoot returns the upper dir's own metadata at pos: the latest recorded at or before it
+// (nil for checkpoints of versions that did not record it).
+func (s *Store) foldRoot(pos int) *Entry {
+	for i := pos; i >= 0; i-- {
+		if r := s.chain[i].Root; r != nil {
+			return r
+		}
+	}
+	return nil
 }
 
 // foldIndex replays the index deltas up to pos.
