@@ -84,6 +84,9 @@ func (s *Store) verify(ctx context.Context, id, merged string, o verifyOptions) 
 		return nil, fmt.Errorf("stat merged root: %w", err)
 	}
 	vw := &verifier{ctx: ctx, s: s, v: v, skip: skip, dev: st.Dev, mtime: o.mtime, links: map[string][]linkSeen{}}
+	if err := vw.root(rootfd, &st, s.foldRoot(pos)); err != nil {
+		return nil, err
+	}
 	if err := vw.dir("", rootfd, true); err != nil {
 		return nil, err
 	}
@@ -122,6 +125,31 @@ type verifier struct {
 type linkSeen struct {
 	path string
 	ino  uint64
+}
+
+// root compares the merged root's own metadata with the checkpoint's record of it (path ".";
+// checkpoints of versions that did not record it are not compared).
+func (vw *verifier) root(fd int, st *unix.Stat_t, want *Entry) error {
+	if want == nil {
+		return nil
+	}
+	got, err := describeRoot(fd, st)
+	if err != nil {
+		return err
+	}
+	if want.Mode != got.Mode {
+		vw.add(".", "mode", fmt.Sprintf("%04o", want.Mode), fmt.Sprintf("%04o", got.Mode))
+	}
+	if want.UID != got.UID || want.GID != got.GID {
+		vw.add(".", "owner", fmt.Sprintf("%d:%d", want.UID, want.GID), fmt.Sprintf("%d:%d", got.UID, got.GID))
+	}
+	if !sameXattrs(want.Xattrs, got.Xattrs) {
+		vw.add(".", "xattrs", xattrList(want.Xattrs), xattrList(got.Xattrs))
+	}
+	if vw.mtime && want.Mtime != got.Mtime {
+		vw.add(".", "mtime", nsString(want.Mtime), nsString(got.Mtime))
+	}
+	return nil
 }
 
 func (vw *verifier) add(p, what, want, got string) {

@@ -126,3 +126,17 @@ func mountForTest(t *testing.T, src, target, fstype string, flags uintptr) {
 	}
 	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW) })
 }
+
+// TestVerifyRoot: a change to the root directory's own metadata is a mismatch at ".".
+func TestVerifyRoot(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	must(t, os.Chmod(f.merged, 0o700))
+	ms, err := f.s.Verify(t.Context(), "c0", f.merged)
+	must(t, err)
+	if len(ms) != 1 || ms[0].Path != "." || ms[0].What != "mode" || ms[0].Got != "0700" {
+		t.Fatalf("mismatches after chmod of the root: %+v", ms)
+	}
+	f.rollback(t, "c0")
+	verifyNone(t, f, "c0", VerifyMtimes())
+}
