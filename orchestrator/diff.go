@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path"
 
 	"github.com/containerd/errdefs"
 
@@ -55,7 +56,7 @@ func (s *session) fileDiff(ctx context.Context, from, to string) ([]api.FileChan
 	}
 	out := make([]api.FileChange, 0, len(entries))
 	for _, e := range entries {
-		out = append(out, api.FileChange{Path: "/" + e.Path, Change: string(e.Change), Kind: string(e.Kind), Size: e.Size})
+		out = append(out, api.FileChange{Path: path.Join("/", e.Path), Change: string(e.Change), Kind: string(e.Kind), Size: e.Size})
 	}
 	return out, nil
 }

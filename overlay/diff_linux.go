@@ -47,6 +47,13 @@ func (s *Store) diff(ctx context.Context, from, to string) ([]DiffEntry, error) 
 	}
 	defer vb.close()
 	var out []DiffEntry
+	rb, err := s.rootOf(to)
+	if err != nil {
+		return nil, err
+	}
+	if ra := s.foldRoot(pf); ra != nil && rb != nil && !sameMeta(ra, rb) {
+		out = append(out, DiffEntry{Path: ".", Change: Modified, Kind: KindDir})
+	}
 	for _, p := range differingPaths(a, b) {
 		d, err := classify(va, vb, p)
 		if err != nil {
@@ -57,6 +64,27 @@ func (s *Store) diff(ctx context.Context, from, to string) ([]DiffEntry, error) 
 		}
 	}
 	return out, nil
+}
+
+// rootOf returns the upper dir's own metadata at checkpoint id, or ("") now.
+func (s *Store) rootOf(id string) (*Entry, error) {
+	if id != "" {
+		pos, err := s.lookup(id)
+		if err != nil {
+			return nil, err
+		}
+		return s.foldRoot(pos), nil
+	}
+	fd, err := openRoot(s.chain[len(s.chain)-1].Upper)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat upper root: %w", err)
+	}
+	return describeRoot(fd, &st)
 }
 
 // stateOf returns the upper state at checkpoint id, or ("") the upper dir now.

@@ -5,6 +5,8 @@ package overlay
 import (
 	"os"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestDiff(t *testing.T) {
@@ -39,5 +41,21 @@ func TestDiff(t *testing.T) {
 	must(t, err)
 	if len(cur) == 0 || cur[len(cur)-1].Path != "later.txt" || cur[len(cur)-1].Change != Added {
 		t.Fatalf("c1..now: %+v", cur)
+	}
+}
+
+// TestDiffRoot: a change to the root directory's own metadata shows as "." modified.
+func TestDiffRoot(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	must(t, unix.Setxattr(f.merged, "user.note", []byte("x"), 0))
+	d, err := f.s.Diff(t.Context(), "c0", "")
+	must(t, err)
+	if len(d) != 1 || d[0].Path != "." || d[0].Change != Modified {
+		t.Fatalf("diff after an xattr on the root: %+v", d)
+	}
+	f.capture(t, "c1", L1)
+	if d, err = f.s.Diff(t.Context(), "c0", "c1"); err != nil || len(d) != 1 || d[0].Path != "." {
+		t.Fatalf("diff c0..c1: %+v %v", d, err)
 	}
 }
