@@ -44,15 +44,16 @@ import (
 // What is not reported, and how it is covered:
 //   - Writes through a shared writable mmap are reported only when the file's last reference
 //     goes (close-write). The caller passes the files its sandbox's processes hold open for
-//     writing or have mapped shared and writable (see WritableFiles) as hints, which are
-//     stat'ed like dirty paths.
+//     writing or have mapped shared and writable (see WritableFiles): the former are stat'ed
+//     like dirty paths, the latter recorded whatever their stat says (a second write to a
+//     page still dirty does not even move the mtime).
 //   - A full event queue, a handle that cannot be resolved, too many dirty entries, or a
 //     directory another tracker registered: the tracker stops vouching, and the next scan
 //     walks the whole upper dir again (which re-primes it).
 //
-// The mark sees the whole filesystem (the host's writes to it too); a goroutine drains it as
-// events come, keeping only handles and names, so the kernel queue does not overflow between
-// checkpoints.
+// The mark sees the whole filesystem (the host's writes to it too) while some tracker is
+// open; a goroutine drains it in 10 ms batches, keeping only handles and names, so the
+// kernel queue does not overflow between checkpoints.
 
 // fanMask is what the filesystem mark reports.
 const fanMask = unix.FAN_MODIFY | unix.FAN_ATTRIB | unix.FAN_CLOSE_WRITE | unix.FAN_CREATE |
