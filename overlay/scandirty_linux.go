@@ -78,7 +78,9 @@ func (s *Store) scanChanges(ctx context.Context, rootfd int, upper string, all b
 	}
 	dirty, inodes, tok, ok := trk.snapshot()
 	// A dirty set as large as half the tree costs more to stat path by path than a walk.
-	if ok && !all && len(dirty)+len(inodes)+len(hints) <= max(len(s.idx.keys)/2, 64) {
+	// (Changed inodes cost a map lookup each unless the index knows them, in which case their
+	// paths were mostly dirty already.)
+	if ok && !all && len(dirty)+len(hints) <= max(len(s.idx.keys)/2, 64) {
 		res, err := s.scanTracked(ctx, rootfd, trk, dirty, inodes, hints)
 		if err == nil {
 			res.trk, res.tok = trk, tok

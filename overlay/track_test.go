@@ -179,17 +179,20 @@ func TestTrackerUnmarksWhenIdle(t *testing.T) {
 // its tracked captures.
 func TestTrackerShedsIdleStore(t *testing.T) {
 	defer func(n int) { maxDirty = n }(maxDirty)
-	maxDirty = 64
+	maxDirty = 256 // host noise (the packs these captures write, other processes) fits in half
 	idle, busy := newFixture(t, standardLower), newFixture(t, standardLower)
+	for i := 0; i < 200; i++ { // a tree large enough that 40 changes are worth tracking
+		must(t, os.WriteFile(busy.m(fmt.Sprintf("keep/base%d", i)), nil, 0o644))
+	}
 	for _, f := range []*fixture{idle, busy} {
 		f.capture(t, "c0", L1)
 		f.capture(t, "c1", L1)
 	}
-	for round := 0; round < 5; round++ {
-		for i := 0; i < 12; i++ {
+	for round := 0; round < 8; round++ {
+		for i := 0; i < 40; i++ {
 			must(t, os.WriteFile(busy.m(fmt.Sprintf("data/r%d-%d", round, i)), []byte("x"), 0o644))
 		}
-		if res := trackedCapture(t, busy, fmt.Sprintf("b%d", round)); len(res.Paths) < 12 {
+		if res := trackedCapture(t, busy, fmt.Sprintf("b%d", round)); len(res.Paths) < 40 {
 			t.Fatalf("busy capture %d: %v", round, res.Paths)
 		}
 	}
