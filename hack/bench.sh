@@ -61,6 +61,7 @@ times. \`-p50-ms\`/\`-p99-ms\` are percentiles over the iterations of one benchm
 | state patch durable p50 <= 1 ms; rollback over 1,000 ops <= 5 ms (4) | PatchDurable, Rollback1000 | orchestrator/state |
 | cost growth: 1/10/100/1000 changed files; 1k/10k/50k trees (4) | CaptureChanged, CaptureTree (walk/: without the change tracker) | overlay |
 | the change tracker against walking the upper dir (4) | CaptureL1 vs CaptureL1Walk | overlay |
+| what the tracker's fanotify mark costs a write (4) | WriteTax tracked=true vs tracked=false | overlay |
 | passed GET adds <= 1 ms p50 over direct; hold p50 <= 2 ms; commit of 100 <= 1 s (5) | PassGET vs DirectGET, Hold, Commit100 | proxy |
 | L3 frozen <= 300 ms; restore from the local store <= 500 ms; push + restore no slower than ctr checkpoint + restore (6) | l3-frozen-*, l3-restore-*, ctr/(push+restore)-x | integration L3SnapshotRestore |
 | upload/download to local versitygw >= 200 MB/s (6) | MB/s | objectstore/s3 Put, Get |

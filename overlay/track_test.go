@@ -210,3 +210,51 @@ func TestTrackerShedsIdleStore(t *testing.T) {
 		t.Fatalf("the idle store's tracker did not prime again: %v", res.Paths)
 	}
 }
+
+// inodeMarks counts the inode marks (the ignore marks of hot files) of the process's group.
+func inodeMarks(t *testing.T) int {
+	t.Helper()
+	w, err := sharedWatcher()
+	must(t, err)
+	w.mu.Lock()
+	w.drain() // let the tracker see the writes so far
+	w.mu.Unlock()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", w.fd))
+	must(t, err)
+	return strings.Count(string(data), "fanotify ino:")
+}
+
+// TestTrackerQuietsHotFiles: a file written many times between two checkpoints gets its
+// write events ignored until the next capture, which still records it; after that capture
+// its writes (even a truncate by path, which raises a write event only) are seen again.
+func TestTrackerQuietsHotFiles(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	f.capture(t, "c1", L1)
+	fh, err := os.OpenFile(f.m("data/hot"), os.O_CREATE|os.O_WRONLY, 0o644)
+	must(t, err)
+	// Queued events of one file merge, so it takes writes in hotWrites drain batches (written
+	// for as long as ~hotWrites * drainDelay) to make a file hot.
+	for i := 0; inodeMarks(t) == 0; i++ {
+		if i == 8*hotWrites { // a loaded machine may batch more writes into one event
+			t.Fatalf("no ignore mark on a file written %d times %s apart", i, drainDelay+5*time.Millisecond)
+		}
+		_, err = fh.WriteString("line\n")
+		must(t, err)
+		time.Sleep(drainDelay + 5*time.Millisecond)
+	}
+	_, err = fh.WriteString("written while quiet\n")
+	must(t, err)
+	must(t, fh.Close())
+	if res := trackedCapture(t, f, "c2"); !pathsOf(res)["data/hot"] {
+		t.Fatalf("c2 missed the hot file: %v", res.Paths)
+	}
+	if n := inodeMarks(t); n != 0 {
+		t.Fatalf("%d ignore marks left after a capture", n)
+	}
+	time.Sleep(10 * time.Millisecond)
+	must(t, os.Truncate(f.m("data/hot"), 3))
+	if res := trackedCapture(t, f, "c3"); !pathsOf(res)["data/hot"] {
+		t.Fatalf("c3 missed a truncate of the once hot file: %v", res.Paths)
+	}
+}
