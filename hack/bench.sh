@@ -33,7 +33,8 @@ run -bench 'BenchmarkPipeline' -benchtime 1x -timeout 30m ./integration/
 step packages "package-level benchmarks"
 run -bench . -benchtime 2000x ./pool/initproto/
 run -bench . -benchtime 300x ./orchestrator/state/
-run -bench . -benchtime 50x ./overlay/ || log "overlay benchmarks failed (see above)"
+run -bench 'Capture|Rollback|Verify|Baseline' -benchtime 50x ./overlay/ || log "overlay benchmarks failed (see above)"
+run -bench 'WriteTax' -benchtime 300000x ./overlay/ || log "overlay benchmarks failed (see above)"
 run -bench . -benchtime 5x ./objectstore/... || log "objectstore benchmarks failed (see above)"
 run -bench 'PassGET|DirectGET|Hold' -benchtime 2000x ./proxy/ || log "proxy benchmarks failed (see above)"
 run -bench 'Commit100' -benchtime 10x ./proxy/ || log "proxy benchmarks failed (see above)"
