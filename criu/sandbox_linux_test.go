@@ -36,7 +36,11 @@ const (
 	initPath      = "/.deltabox/init"
 	runPath       = "/.deltabox/run"
 	snapshotter   = "overlayfs"
-	counterScript = `i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done`
+	// The counter overwrites /tmp/count in place with a fixed-width number, so the file keeps
+	// its size: a process dumped while it has the file open and left running must find it the
+	// same size at restore (CRIU checks), which `echo > file` (truncate, then write) broke when
+	// the dump fell between the two.
+	counterScript = `i=0; while true; do i=$((i+1)); printf '%011d\n' $i | dd of=/tmp/count bs=12 count=1 conv=notrunc 2>/dev/null; sleep 0.05; done`
 )
 
 var (
