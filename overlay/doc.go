@@ -4,6 +4,12 @@
 // against a checkpoint (a full no-follow walk, read only), diffs checkpoints and moves
 // checkpoints in and out as OCI layer tars.
 //
+// What an L1 capture must look at comes from a change tracker (track_linux.go: one fanotify
+// group per process, a filesystem mark, file handles for directories and changed inodes)
+// instead of a walk of the whole upper dir; a capture is Prepare (while the sandbox is
+// frozen: find changes, copy contents) and Commit (after: the manifest, which carries the
+// caller's record, made durable).
+//
 // It reads the upper dir (never writes it while mounted) and writes only through the merged
 // mount, resolving every path inside the sandbox root without following a symlink the sandbox
 // made. It must not freeze or thaw the sandbox (the orchestrator does that around Capture and
