@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -44,7 +43,7 @@ type daemon struct {
 	root    string
 	address string
 	cmd     *exec.Cmd
-	logs    *logBuffer
+	logs    *testutil.SyncBuffer
 	exited  chan error
 	net     testNet
 	args    []string // extra daemon arguments, kept for restarts
@@ -87,7 +86,7 @@ func (d *daemon) start() {
 	d.t.Helper()
 	args := append([]string{"daemon", "--root", d.root, "--address", d.address,
 		"--containerd-address", d.env.containerd, "--log-level", "debug"}, d.args...)
-	d.logs = &logBuffer{}
+	d.logs = &testutil.SyncBuffer{} // written by the command's copier while tests read it
 	d.cmd = exec.Command(d.env.bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	if path := os.Getenv("DELTABOX_TEST_DAEMON_LOG"); path != "" { // keep the logs for a look
@@ -218,23 +217,4 @@ func (d *daemon) logTail() string {
 		s = s[len(s)-3000:]
 	}
 	return s
-}
-
-// logBuffer holds a daemon's output: written by the command's copying goroutine while tests
-// read it, so access is locked.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -225,6 +225,29 @@ func (f *fetched) download(ctx context.Context, cas *objectstore.CAS, m ocispec.
 // refuses anything but plain files and directories under dir, and CRIU sees the images only
 // after the whole blob matched its digest.
 func fetchImages(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, dir string, emit Emit) error {
+	return fetch(ctx, cas, d, emit, func(r io.Reader) error { return criu.Unpack(ctx, r, dir) })
+}
+
+// fetchBlob downloads a blob to path. The file is a staging copy under the restore's temp
+// dir, removed afterwards, so it is not fsynced: a crash leaves nothing that needs it.
+func fetchBlob(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, path string, emit Emit) error {
+	return fetch(ctx, cas, d, emit, func(r io.Reader) error {
+		out, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(out, r); err != nil {
+			out.Close()
+			return err
+		}
+		return out.Close()
+	})
+}
+
+// fetch streams blob d through consume, reporting progress, then reads it to the end, where
+// the CAS reader fails if the digest differs (consume may stop early: an archive can end
+// before its blob does, at a zstd frame trailer or padding).
+func fetch(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, emit Emit, consume func(io.Reader) error) error {
 	title := d.Annotations[annotationTitle]
 	r, err := cas.Get(ctx, d.Digest)
 	if err != nil {
@@ -232,39 +255,14 @@ func fetchImages(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor
 	}
 	defer r.Close()
 	pr := &progressReader{r: r, emit: emit, p: api.Progress{Phase: "download", Blob: title, Total: d.Size}}
-	if err := criu.Unpack(ctx, pr, dir); err != nil {
+	if err := consume(pr); err != nil {
 		return fmt.Errorf("download %s (%s): %w", title, d.Digest, err)
 	}
-	// The archive may end before the blob does (zstd frame trailer, padding): read to the end,
-	// where the CAS reader checks the digest.
 	if _, err := io.Copy(io.Discard, pr); err != nil {
 		return fmt.Errorf("download %s (%s): %w", title, d.Digest, err)
 	}
 	emit(api.Progress{Phase: "download", Blob: title, Done: d.Size, Total: d.Size})
 	return nil
-}
-
-// fetchBlob downloads a blob to path; the CAS reader fails at EOF if the digest differs. The
-// file is a staging copy under the restore's temp dir, removed afterwards, so it is not
-// fsynced: a crash leaves nothing that needs it.
-func fetchBlob(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, path string, emit Emit) error {
-	title := d.Annotations[annotationTitle]
-	r, err := cas.Get(ctx, d.Digest)
-	if err != nil {
-		return fmt.Errorf("download %s: %w", title, err)
-	}
-	defer r.Close()
-	out, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	pr := &progressReader{r: r, emit: emit, p: api.Progress{Phase: "download", Blob: title, Total: d.Size}}
-	if _, err := io.Copy(out, pr); err != nil {
-		return fmt.Errorf("download %s (%s): %w", title, d.Digest, err)
-	}
-	emit(api.Progress{Phase: "download", Blob: title, Done: d.Size, Total: d.Size})
-	return out.Close()
 }
 
 func readZstd(path string) ([]byte, error) {

@@ -4,8 +4,10 @@
 package testutil
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 	"time"
 )
@@ -64,4 +66,24 @@ func WaitFor(t testing.TB, timeout, interval time.Duration, what string, cond fu
 		}
 		time.Sleep(interval)
 	}
+}
+
+// SyncBuffer is a bytes.Buffer safe for concurrent use: a command's or container's stdout and
+// stderr copied on their own goroutines, or written while a test reads it. Two unsynchronized
+// writers corrupt a plain Buffer.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -1,14 +1,12 @@
 package network
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -86,26 +84,6 @@ func TestContainer(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer for the container's stdout and stderr at once: containerd
-// copies each stream on its own goroutine, and two unsynchronized writers corrupt a plain
-// Buffer (runs came back cut short or as NUL bytes before this).
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func runContainer(t *testing.T, ctx context.Context, client *containerd.Client, img containerd.Image, att Attachment, script string) string {
 	id := fmt.Sprintf("network-test-%s-%d", att.ID, time.Now().UnixNano())
 	c, err := client.NewContainer(ctx, id,
@@ -121,7 +99,7 @@ func runContainer(t *testing.T, ctx context.Context, client *containerd.Client, 
 		t.Fatal(err)
 	}
 	defer c.Delete(context.WithoutCancel(ctx), containerd.WithSnapshotCleanup)
-	var buf lockedBuffer
+	var buf testutil.SyncBuffer // containerd copies stdout and stderr on two goroutines
 	task, err := c.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &buf, &buf)))
 	if err != nil {
 		t.Fatal(err)
