@@ -137,18 +137,7 @@ func (vw *verifier) root(fd int, st *unix.Stat_t, want *Entry) error {
 	if err != nil {
 		return err
 	}
-	if want.Mode != got.Mode {
-		vw.add(".", "mode", fmt.Sprintf("%04o", want.Mode), fmt.Sprintf("%04o", got.Mode))
-	}
-	if want.UID != got.UID || want.GID != got.GID {
-		vw.add(".", "owner", fmt.Sprintf("%d:%d", want.UID, want.GID), fmt.Sprintf("%d:%d", got.UID, got.GID))
-	}
-	if !sameXattrs(want.Xattrs, got.Xattrs) {
-		vw.add(".", "xattrs", xattrList(want.Xattrs), xattrList(got.Xattrs))
-	}
-	if vw.mtime && want.Mtime != got.Mtime {
-		vw.add(".", "mtime", nsString(want.Mtime), nsString(got.Mtime))
-	}
+	vw.attrs(".", want, got)
 	return nil
 }
 
