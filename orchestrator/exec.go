@@ -48,7 +48,8 @@ func (o *Orchestrator) exec(w http.ResponseWriter, r *http.Request) {
 		ew.send(api.ExecEvent{Error: &api.Error{Code: code, Message: err.Error()}})
 		return
 	}
-	ew.send(api.ExecEvent{Exit: &st})
+	exit := apiExitStatus(st)
+	ew.send(api.ExecEvent{Exit: &exit})
 }
 
 func readExecRequest(r *bufio.Reader) (api.ExecRequest, error) {

@@ -66,7 +66,7 @@ func (o *Orchestrator) restoreFetched(ctx context.Context, f *fetched, poolName 
 	}
 	o.startSessionWith(ctx, res.Sandbox, f.state)
 	log.L(ctx).Info("snapshot restored", "sandbox", res.ID, "from", f.cfg.Sandbox, "checkpoint", f.cfg.Checkpoint)
-	return api.Lease{LeaseResult: res}, nil
+	return api.Lease{LeaseResult: apiLeaseResult(res)}, nil
 }
 
 // restorePool makes sure the pool exists (created from the snapshot's template, with no warm

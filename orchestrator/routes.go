@@ -18,13 +18,19 @@ import (
 // routes registers the pool and sandbox routes of the /v1 API.
 func (o *Orchestrator) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/pools", handle(o.createPool))
-	mux.HandleFunc("GET /v1/pools", handle(func(r *http.Request) (any, error) { return o.pools.Pools(), nil }))
-	mux.HandleFunc("GET /v1/pools/{name}", handle(func(r *http.Request) (any, error) { return o.pools.Pool(r.PathValue("name")) }))
+	mux.HandleFunc("GET /v1/pools", handle(func(r *http.Request) (any, error) { return apiPoolInfos(o.pools.Pools()), nil }))
+	mux.HandleFunc("GET /v1/pools/{name}", handle(func(r *http.Request) (any, error) {
+		p, err := o.pools.Pool(r.PathValue("name"))
+		return apiPoolInfo(p), err
+	}))
 	mux.HandleFunc("DELETE /v1/pools/{name}", handle(o.removePool))
 	mux.HandleFunc("POST /v1/pools/{name}/scale", handle(o.scalePool))
 	mux.HandleFunc("POST /v1/pools/{name}/lease", handle(o.lease))
-	mux.HandleFunc("GET /v1/sandboxes", handle(func(r *http.Request) (any, error) { return o.pools.List(), nil }))
-	mux.HandleFunc("GET /v1/sandboxes/{id}", handle(func(r *http.Request) (any, error) { return o.pools.Get(r.PathValue("id")) }))
+	mux.HandleFunc("GET /v1/sandboxes", handle(func(r *http.Request) (any, error) { return apiSandboxes(o.pools.List()), nil }))
+	mux.HandleFunc("GET /v1/sandboxes/{id}", handle(func(r *http.Request) (any, error) {
+		sb, err := o.pools.Get(r.PathValue("id"))
+		return apiSandbox(sb), err
+	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/release", handle(o.release))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", o.exec)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", handle(o.copyTo))
@@ -116,14 +122,15 @@ func parseUint(s string) (uint64, error) {
 }
 
 func (o *Orchestrator) createPool(r *http.Request) (any, error) {
-	var t pool.Template
+	var t api.Template
 	if err := decode(r, &t); err != nil {
 		return nil, err
 	}
 	if err := ValidatePolicy(t.EgressPolicy); err != nil {
 		return nil, fmt.Errorf("pool %q: egress policy: %w", t.Name, err)
 	}
-	return o.pools.CreatePool(r.Context(), t)
+	p, err := o.pools.CreatePool(r.Context(), poolTemplate(t))
+	return apiPoolInfo(p), err
 }
 
 func (o *Orchestrator) removePool(r *http.Request) (any, error) {
@@ -150,7 +157,8 @@ func (o *Orchestrator) scalePool(r *http.Request) (any, error) {
 	if err := decode(r, &req); err != nil {
 		return nil, err
 	}
-	return o.pools.ScalePool(r.Context(), r.PathValue("name"), req.MinReady)
+	p, err := o.pools.ScalePool(r.Context(), r.PathValue("name"), req.MinReady)
+	return apiPoolInfo(p), err
 }
 
 func (o *Orchestrator) lease(r *http.Request) (any, error) {
@@ -167,7 +175,7 @@ func (o *Orchestrator) lease(r *http.Request) (any, error) {
 		return nil, err
 	}
 	o.startSession(r.Context(), res.Sandbox)
-	return api.Lease{LeaseResult: res, LeaseMS: float64(time.Since(start).Microseconds()) / 1000}, nil
+	return api.Lease{LeaseResult: apiLeaseResult(res), LeaseMS: float64(time.Since(start).Microseconds()) / 1000}, nil
 }
 
 func (o *Orchestrator) release(r *http.Request) (any, error) {

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
-	"github.com/docker/go-units"
 )
 
 // Template is a named sandbox recipe and the size of its warm pool.
@@ -69,13 +68,4 @@ func ValidateEnv(env []string) error {
 		}
 	}
 	return nil
-}
-
-// ParseMemory parses a size such as "512m", "1g", "256MiB" or a byte count.
-func ParseMemory(s string) (int64, error) {
-	n, err := units.RAMInBytes(s)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("memory %q: want a size such as 512m or 1g: %w", s, errdefs.ErrInvalidArgument)
-	}
-	return n, nil
 }

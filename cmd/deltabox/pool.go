@@ -6,10 +6,11 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/containerd/errdefs"
+	"github.com/docker/go-units"
 	"github.com/urfave/cli/v2"
 
 	"github.com/deltabox/deltabox/orchestrator/api"
-	"github.com/deltabox/deltabox/pool"
 )
 
 func poolCommand() *cli.Command {
@@ -59,7 +60,7 @@ func poolCreate(c *cli.Context) error {
 		return err
 	}
 	if m := c.String("memory"); m != "" {
-		if t.MemoryBytes, err = pool.ParseMemory(m); err != nil {
+		if t.MemoryBytes, err = parseMemory(m); err != nil {
 			return usageError{err}
 		}
 	}
@@ -129,4 +130,13 @@ func parseKV(items []string, flag string) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
+}
+
+// parseMemory parses a size such as "512m", "1g", "256MiB" or a byte count.
+func parseMemory(s string) (int64, error) {
+	n, err := units.RAMInBytes(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("memory %q: want a size such as 512m or 1g: %w", s, errdefs.ErrInvalidArgument)
+	}
+	return n, nil
 }

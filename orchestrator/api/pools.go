@@ -1,20 +1,71 @@
 package api
 
-import (
-	"time"
+import "time"
 
-	"github.com/deltabox/deltabox/pool"
-	"github.com/deltabox/deltabox/pool/initproto"
-)
+// Template is a named sandbox recipe and the size of its warm pool (POST /v1/pools).
+type Template struct {
+	Name         string            `json:"name"`
+	Image        string            `json:"image"`
+	CPUs         float64           `json:"cpus,omitempty"`         // CPU quota in cores (0: unlimited)
+	MemoryBytes  int64             `json:"memory_bytes,omitempty"` // memory limit (0: unlimited)
+	Pids         int64             `json:"pids,omitempty"`         // pids limit (0: unlimited)
+	Env          []string          `json:"env,omitempty"`          // KEY=VALUE for every process
+	Workdir      string            `json:"workdir,omitempty"`      // default working directory of execs
+	Labels       map[string]string `json:"labels,omitempty"`
+	EgressPolicy string            `json:"egress_policy,omitempty"` // policy document (YAML), used by the egress proxy
+	MinReady     int               `json:"min_ready"`
+	Max          int               `json:"max"`
+}
 
-// Pool types travel as the pool package defines them.
-type (
-	Template    = pool.Template
-	PoolInfo    = pool.PoolInfo
-	Sandbox     = pool.Sandbox
-	ExitStatus  = initproto.ExitStatus
-	LeaseResult = pool.LeaseResult
-)
+// PoolInfo is a pool's template and counts.
+type PoolInfo struct {
+	Template
+	Ready    int `json:"ready"`
+	Creating int `json:"creating"`
+	Leased   int `json:"leased"`
+}
+
+// Sandbox is the public view of a leased sandbox.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	Pool      string            `json:"pool"`
+	Container string            `json:"container"`
+	Image     string            `json:"image"`
+	Env       []string          `json:"env,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Workdir   string            `json:"workdir,omitempty"`
+	LeasedAt  time.Time         `json:"leased_at"`
+	Created   time.Time         `json:"created"`
+	InitPid   uint32            `json:"init_pid"`
+	IP        string            `json:"ip,omitempty"`
+	// EgressPolicy is the lease's egress policy, or the template's.
+	EgressPolicy string `json:"egress_policy,omitempty"`
+}
+
+// LeaseResult is a leased sandbox and whether it was created for the lease (cold).
+type LeaseResult struct {
+	Sandbox
+	Cold bool `json:"cold"`
+}
+
+// ExitStatus is the outcome of an exec.
+type ExitStatus struct {
+	// Code is the exit code; 128+N when killed by signal N; 127/126 when it did not start.
+	Code int `json:"code"`
+	// Signal names the signal that killed the command ("SIGKILL"), if any.
+	Signal string `json:"signal,omitempty"`
+	// TimedOut says the process group was killed because the timeout passed.
+	TimedOut bool `json:"timed_out,omitempty"`
+	// StdoutTruncated and StderrTruncated say output beyond OutputCap was dropped.
+	StdoutTruncated bool `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool `json:"stderr_truncated,omitempty"`
+	// Error explains why the command could not be started; empty when it ran.
+	Error string `json:"error,omitempty"`
+	// Pid is the command's pid inside the sandbox (0 when it did not start).
+	Pid int `json:"pid,omitempty"`
+	// Duration is the wall time from start to exit, as seen by the init.
+	Duration time.Duration `json:"duration_ns,omitempty"`
+}
 
 // ScaleRequest is the body of POST /v1/pools/{name}/scale.
 type ScaleRequest struct {
@@ -30,7 +81,7 @@ type LeaseRequest struct {
 
 // Lease is the answer to a lease.
 type Lease struct {
-	pool.LeaseResult
+	LeaseResult
 	LeaseMS float64 `json:"lease_ms"`
 }
 

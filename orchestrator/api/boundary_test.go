@@ -1,0 +1,86 @@
+package api
+
+import (
+	"go/parser"
+	"go/token"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// daemonOnly lists what the client side of DeltaBox must never link: the containerd client,
+// the pool's bbolt store and CNI. They belong to the daemon (docs/architecture.md).
+var daemonOnly = []string{
+	"github.com/containerd/containerd",
+	"go.etcd.io/bbolt",
+	"github.com/containerd/go-cni",
+}
+
+// cliDaemonFiles are the files of cmd/deltabox that run the daemon; every other file of the
+// CLI is a client of the API.
+var cliDaemonFiles = map[string]bool{"daemon.go": true}
+
+func TestClientSideDoesNotLinkTheDaemon(t *testing.T) {
+	pkgs := []string{
+		"github.com/deltabox/deltabox/orchestrator/api",
+		"github.com/deltabox/deltabox/orchestrator/client",
+		"github.com/deltabox/deltabox/pipeline",
+	}
+	pkgs = append(pkgs, cliClientImports(t)...)
+	for _, pkg := range pkgs {
+		var bad []string
+		for _, dep := range goListDeps(t, pkg) {
+			for _, d := range daemonOnly {
+				if dep == d || strings.HasPrefix(dep, d+"/") {
+					bad = append(bad, dep)
+				}
+			}
+		}
+		if len(bad) > 0 {
+			t.Errorf("%s links %d daemon-only packages, such as %s", pkg, len(bad), bad[0])
+		}
+	}
+}
+
+// cliClientImports returns the module's packages imported by the client files of the CLI.
+func cliClientImports(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("../../cmd/deltabox/*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no CLI sources found: %v", err)
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") || cliDaemonFiles[filepath.Base(f)] {
+			continue
+		}
+		af, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range af.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if strings.Contains(p, ".") && !seen[p] { // not the standard library
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+func goListDeps(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", pkg).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list -deps %s: %v: %s", pkg, err, stderr)
+	}
+	return strings.Fields(string(out))
+}

@@ -1,0 +1,86 @@
+package orchestrator
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/pool"
+	"github.com/deltabox/deltabox/pool/initproto"
+)
+
+// TestWireTypesMatchPool fails when a field is added to a pool type that travels on the wire
+// but not to its api twin (or the reverse): the conversion would drop it silently.
+func TestWireTypesMatchPool(t *testing.T) {
+	pairs := []struct{ internal, wire any }{
+		{pool.Template{}, api.Template{}},
+		{pool.PoolInfo{}, api.PoolInfo{}},
+		{pool.Sandbox{}, api.Sandbox{}},
+		{pool.LeaseResult{}, api.LeaseResult{}},
+		{initproto.ExitStatus{}, api.ExitStatus{}},
+	}
+	for _, p := range pairs {
+		in, out := jsonFields(reflect.TypeOf(p.internal)), jsonFields(reflect.TypeOf(p.wire))
+		if !reflect.DeepEqual(in, out) {
+			t.Errorf("%T carries %v on the wire, %T carries %v", p.internal, in, p.wire, out)
+		}
+	}
+}
+
+// TestWireConversionKeepsValues checks that every field survives the conversion: the JSON of
+// the converted value is the JSON of the pool value.
+func TestWireConversionKeepsValues(t *testing.T) {
+	tmpl := pool.Template{Name: "p", Image: "img", CPUs: 1.5, MemoryBytes: 64 << 20, Pids: 9, Env: []string{"A=1"},
+		Workdir: "/w", Labels: map[string]string{"k": "v"}, EgressPolicy: "allow: []", MinReady: 2, Max: 5}
+	sb := pool.Sandbox{ID: "sb-1", Pool: "p", Container: "c", Image: "img", Env: []string{"B=2"},
+		Labels: map[string]string{"l": "m"}, Workdir: "/w", LeasedAt: time.Unix(10, 0).UTC(), Created: time.Unix(5, 0).UTC(),
+		InitPid: 42, IP: "10.0.0.2", EgressPolicy: "deny", RunDir: "/run/x"}
+	st := initproto.ExitStatus{Code: 137, Signal: "SIGKILL", TimedOut: true, StdoutTruncated: true, StderrTruncated: true,
+		Error: "e", Pid: 7, Duration: time.Second}
+	same := func(a, b any) {
+		t.Helper()
+		ja, _ := json.Marshal(a)
+		jb, _ := json.Marshal(b)
+		if string(ja) != string(jb) {
+			t.Errorf("conversion changed the wire form:\n pool %s\n api  %s", ja, jb)
+		}
+	}
+	same(tmpl, apiTemplate(tmpl))
+	if back := poolTemplate(apiTemplate(tmpl)); !reflect.DeepEqual(back, tmpl) {
+		t.Errorf("template round trip: %+v, want %+v", back, tmpl)
+	}
+	info := pool.PoolInfo{Template: tmpl, Ready: 1, Creating: 2, Leased: 3}
+	same(info, apiPoolInfo(info))
+	same([]pool.PoolInfo(nil), apiPoolInfos(nil))
+	same([]pool.PoolInfo{info}, apiPoolInfos([]pool.PoolInfo{info}))
+	same(sb, apiSandbox(sb))
+	same([]pool.Sandbox(nil), apiSandboxes(nil))
+	lr := pool.LeaseResult{Sandbox: sb, Cold: true}
+	same(lr, apiLeaseResult(lr))
+	same(st, apiExitStatus(st))
+}
+
+// jsonFields lists the JSON names of t's encoded fields, embedded structs flattened.
+func jsonFields(t reflect.Type) []string {
+	var out []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" || (!f.IsExported() && !f.Anonymous) {
+			continue
+		}
+		if f.Anonymous && tag == "" {
+			out = append(out, jsonFields(f.Type)...)
+			continue
+		}
+		name := f.Name
+		if n, _, _ := strings.Cut(tag, ","); n != "" {
+			name = n
+		}
+		out = append(out, name+"("+tag+")")
+	}
+	return out
+}
