@@ -14,7 +14,9 @@ import (
 
 // Archive writes rel (a file, symlink or directory tree) to w as a tar stream whose entries
 // are named base(rel)[/...]. Symlinks are archived as symlinks and never followed; devices,
-// fifos and sockets are skipped.
+// fifos and sockets are skipped, and never opened: every entry is opened O_PATH and checked
+// to be what the walk saw before it is read (see openPath), so an entry swapped for a device
+// node or a FIFO mid-copy fails the copy instead of being read.
 func (r *Root) Archive(rel string, w io.Writer) error {
 	if rel == "" {
 		return fmt.Errorf("copying the whole root is not supported; name a directory: %w", errdefs.ErrInvalidArgument)
@@ -48,19 +50,24 @@ func (r *Root) archiveAt(tw *tar.Writer, dirfd int, name, tname string) error {
 		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
 		return tw.WriteHeader(hdr)
 	case unix.S_IFREG:
-		return archiveFile(tw, dirfd, name, hdr, st.Size)
+		return archiveFile(tw, dirfd, name, hdr, &st)
 	case unix.S_IFDIR:
 		hdr.Typeflag, hdr.Name = tar.TypeDir, tname+"/"
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
-		return r.archiveDir(tw, dirfd, name, tname)
+		return r.archiveDir(tw, dirfd, name, tname, &st)
 	}
 	return nil
 }
 
-func (r *Root) archiveDir(tw *tar.Writer, dirfd int, name, tname string) error {
-	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+func (r *Root) archiveDir(tw *tar.Writer, dirfd int, name, tname string, want *unix.Stat_t) error {
+	pfd, err := openPath(dirfd, name, want, unix.O_DIRECTORY)
+	if err != nil {
+		return fmt.Errorf("open directory %s: %w", tname, err)
+	}
+	fd, err := unix.Openat(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	unix.Close(pfd)
 	if err != nil {
 		return fmt.Errorf("open directory %s: %w", tname, err)
 	}
@@ -78,11 +85,18 @@ func (r *Root) archiveDir(tw *tar.Writer, dirfd int, name, tname string) error {
 	return nil
 }
 
-func archiveFile(tw *tar.Writer, dirfd int, name string, hdr *tar.Header, size int64) error {
-	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+// archiveFile archives the regular file name of dirfd, which the walk saw as want.
+func archiveFile(tw *tar.Writer, dirfd int, name string, hdr *tar.Header, want *unix.Stat_t) error {
+	pfd, err := openPath(dirfd, name, want, 0)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", hdr.Name, err)
 	}
+	fd, err := reopenFile(pfd, hdr.Name, want)
+	unix.Close(pfd)
+	if err != nil {
+		return err
+	}
+	size := want.Size
 	f := os.NewFile(uintptr(fd), hdr.Name)
 	defer f.Close()
 	hdr.Typeflag, hdr.Size = tar.TypeReg, size

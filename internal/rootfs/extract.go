@@ -92,12 +92,7 @@ func (r *Root) writeEntry(rel string, hdr *tar.Header, body io.Reader, opts Extr
 	case tar.TypeReg:
 		f, n, err = writeFileAt(pfd, base, mode, body)
 	case tar.TypeSymlink:
-		if err = removeNonDir(pfd, base); err == nil {
-			err = unix.Symlinkat(hdr.Linkname, pfd, base)
-		}
-		if err == nil && opts.Chown {
-			err = unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW)
-		}
+		err = symlinkAt(pfd, base, hdr, opts)
 	default:
 		return 0, fmt.Errorf("tar entry %q has unsupported type %q: %w", hdr.Name, hdr.Typeflag, errdefs.ErrInvalidArgument)
 	}
@@ -130,7 +125,31 @@ func mkdirAt(pfd int, base string, mode uint32) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkFS(fd, base); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
 	return os.NewFile(uintptr(fd), base), nil
+}
+
+// symlinkAt replaces base of pfd with a symlink and chowns the link it made: through an
+// O_PATH fd checked to be a symlink, never by name (a name may be swapped meanwhile).
+func symlinkAt(pfd int, base string, hdr *tar.Header, opts ExtractOptions) error {
+	if err := removeNonDir(pfd, base); err != nil {
+		return err
+	}
+	if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil || !opts.Chown {
+		return err
+	}
+	fd, err := unix.Openat(pfd, base, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := checkType(fd, base, unix.S_IFLNK); err != nil {
+		return err
+	}
+	return unix.Fchownat(fd, "", hdr.Uid, hdr.Gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
 }
 
 // removeNonDir removes an existing non-directory entry (a symlink is removed, not followed).
@@ -151,6 +170,10 @@ func writeFileAt(pfd int, base string, mode uint32, body io.Reader) (*os.File, i
 		return nil, 0, err
 	}
 	f := os.NewFile(uintptr(fd), base)
+	if err := checkType(fd, base, unix.S_IFREG); err != nil { // O_EXCL made it: belt and braces
+		f.Close()
+		return nil, 0, err
+	}
 	n, err := io.Copy(f, body)
 	if err != nil {
 		f.Close()

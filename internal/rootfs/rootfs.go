@@ -63,6 +63,10 @@ func (r *Root) openDir(rel string) (int, error) {
 	if err != nil {
 		return -1, r.pathError(rel, err)
 	}
+	if err := checkFS(fd, "/"+rel); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
 	return fd, nil
 }
 
