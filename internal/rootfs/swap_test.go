@@ -51,7 +51,7 @@ func archiveRace(t *testing.T, dir string, r *Root) {
 		if err != nil {
 			if !errdefs.IsFailedPrecondition(err) && !errdefs.IsNotFound(err) {
 				stop()
-			t.Fatalf("copy %d: want a refused swap, got %v", i, err)
+				t.Fatalf("copy %d: want a refused swap, got %v", i, err)
 			}
 			refused++
 			continue
