@@ -271,7 +271,7 @@ func (r *runtime) templateSpec(img containerd.Image, t *Template, cid, runDir st
 	if t.Pids > 0 {
 		opts = append(opts, oci.WithPidsLimit(t.Pids))
 	}
-	return opts
+	return append(opts, isolationSpec()...)
 }
 
 // destroy kills the sandbox's task and deletes its container, snapshot and directory.
