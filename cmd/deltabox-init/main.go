@@ -1,10 +1,12 @@
 //go:build linux
 
 // Package main is deltabox-init, PID 1 of every DeltaBox sandbox. It is a static binary
-// (CGO_ENABLED=0) bind-mounted read-only at /.deltabox/init; it reaps zombies, serves the
-// pool/initproto protocol on a unix socket in the per-sandbox run directory, and on
-// SIGTERM/SIGINT kills every other process of the sandbox and exits. It must stay tiny and
-// dependency-light (x/sys only): all logic lives in pool/initd.
+// (CGO_ENABLED=0) bind-mounted read-only at /.deltabox/init; it reaps zombies and serves the
+// pool/initproto protocol on a unix socket in the per-sandbox run directory. As PID 1 it
+// drops every signal the sandbox can send it and cannot be ptraced (initd.Harden); the host
+// stops it with SIGKILL. Outside a pid namespace (tests) SIGTERM/SIGINT kill every other
+// process of the sandbox and stop it. It must stay tiny and dependency-light (x/sys only):
+// all logic lives in pool/initd.
 package main
 
 import (
@@ -24,19 +26,33 @@ import (
 // version is stamped at link time with -ldflags "-X main.version=...".
 var version = "dev"
 
+// maxLog bounds what the init writes to its log (a host file) over its lifetime.
+const maxLog = 256 << 10
+
 func main() {
 	socket := flag.String("socket", initproto.DefaultSocketPath, "unix socket to listen on")
 	killTimeout := flag.Duration("kill-timeout", 5*time.Second, "how long to wait for processes to die on kill")
 	flag.Parse()
-	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "deltabox-init")
-	if err := run(*socket, *killTimeout, logger); err != nil {
+	logger := slog.New(slog.NewTextHandler(initd.LimitWriter(os.Stderr, maxLog), nil)).With("component", "deltabox-init")
+	stopSignals := []os.Signal{syscall.SIGTERM, syscall.SIGINT}
+	if os.Getpid() == 1 {
+		stopSignals = nil // in a sandbox only the host stops the init, with SIGKILL
+	}
+	if err := initd.Harden(stopSignals...); err != nil {
+		logger.Error("harden init", "error", err)
+		os.Exit(1)
+	}
+	if err := run(*socket, *killTimeout, stopSignals, logger); err != nil {
 		logger.Error("init failed", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(socket string, killTimeout time.Duration, logger *slog.Logger) error {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+func run(socket string, killTimeout time.Duration, stopSignals []os.Signal, logger *slog.Logger) error {
+	ctx, stop := context.Background(), func() {}
+	if len(stopSignals) > 0 {
+		ctx, stop = signal.NotifyContext(ctx, stopSignals...)
+	}
 	defer stop()
 	srv := initd.New(initd.WithVersion(version), initd.WithKillTimeout(killTimeout), initd.WithLogger(logger))
 	l, err := initd.Listen(socket)

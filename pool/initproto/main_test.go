@@ -2,6 +2,7 @@ package initproto_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -78,9 +79,9 @@ func startWrapped(tb testing.TB, wrapper []string, env ...string) *initProc {
 	return p
 }
 
-// stop sends SIGTERM and waits for the init to exit. A wrapper ignores SIGTERM, so it is
-// killed instead and passes SIGTERM on (--kill-child); the init's exit is then seen by its
-// socket going away.
+// stop sends SIGTERM and waits for the init to exit. A wrapper (unshare) is killed instead
+// and passes SIGKILL on (--kill-child); the init's exit is then seen by its socket no
+// longer answering.
 func (p *initProc) stop(tb testing.TB) {
 	if p.cmd.ProcessState != nil {
 		return
@@ -88,9 +89,9 @@ func (p *initProc) stop(tb testing.TB) {
 	if p.wrapped {
 		_ = p.cmd.Process.Kill()
 		<-p.done
-		testutil.WaitFor(tb, 10*time.Second, 5*time.Millisecond, "init to remove its socket", func() bool {
-			_, err := os.Lstat(p.socket)
-			return os.IsNotExist(err)
+		testutil.WaitFor(tb, 10*time.Second, 5*time.Millisecond, "init to stop listening", func() bool {
+			_, err := p.client.Ping(context.Background())
+			return errors.Is(err, initproto.ErrNotListening)
 		})
 		return
 	}

@@ -12,11 +12,11 @@ import (
 )
 
 // startPID1 runs the init as PID 1 of a new pid namespace with its own /proc, as in a
-// sandbox (without the container around it).
+// sandbox (without the container around it). As PID 1 the init stops only on SIGKILL.
 func startPID1(t *testing.T) *initProc {
 	testutil.RequiresRoot(t)
 	testutil.RequiresBinary(t, "unshare")
-	return startWrapped(t, []string{"unshare", "--pid", "--kill-child=SIGTERM", "--mount-proc"})
+	return startWrapped(t, []string{"unshare", "--pid", "--kill-child=SIGKILL", "--mount-proc"})
 }
 
 // existsInside reports whether /proc/pid exists in the init's pid namespace.
@@ -49,5 +49,27 @@ func TestAsPID1(t *testing.T) {
 	}
 	if existsInside(t, p, daemon) {
 		t.Fatalf("daemon %d survived kill all", daemon)
+	}
+}
+
+// TestPID1DropsSignalsFromInside: a sandbox process signals its init with everything a shell
+// can send; the init neither exits nor dumps core (Go's own handlers exit on TERM, HUP, INT
+// and dump on QUIT, ABRT), and keeps serving.
+func TestPID1DropsSignalsFromInside(t *testing.T) {
+	p := startPID1(t)
+	for _, sig := range []string{"TERM", "QUIT", "HUP", "INT", "ABRT", "USR1", "USR2", "PIPE", "ALRM", "TSTP", "SYS", "SEGV", "KILL", "STOP"} {
+		st, _, errOut := p.run(t, initproto.ExecRequest{Argv: []string{"sh", "-c", "kill -" + sig + " 1 && sleep 0.05"}})
+		if st.Code != 0 {
+			t.Fatalf("kill -%s 1: %+v %s", sig, st, errOut)
+		}
+		ping, err := p.client.Ping(context.Background())
+		if err != nil || ping.Pid != 1 {
+			t.Fatalf("init after kill -%s 1: %+v %v", sig, ping, err)
+		}
+	}
+	// Execs still get the default dispositions (handlers are reset on exec, SIG_IGN is not).
+	st, _, _ := p.run(t, initproto.ExecRequest{Argv: []string{"sh", "-c", "sleep 10 & kill -TERM $!; wait $!"}})
+	if st.Code != 128+15 {
+		t.Fatalf("a child of the init ignores SIGTERM: %+v", st)
 	}
 }
