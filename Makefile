@@ -59,8 +59,9 @@ demo: setup build ## run the demo against a fresh daemon
 bench: setup build ## run the benchmarks and write docs/benchmarks.md
 	$(TEST_ENV) bash hack/bench.sh
 
-lint: ## gofmt, go vet, staticcheck
+lint: ## gofmt, go mod tidy (go.mod/go.sum must not change), go vet, staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	$(GO) vet ./...
 	staticcheck ./...
 
