@@ -30,7 +30,7 @@ type EgressOptions struct {
 // startEgress starts the proxy on the sandbox network's gateway: the forward port and the two
 // transparent ports the firewall redirects plain TCP 80/443 to.
 func (o *Orchestrator) startEgress(ctx context.Context, nopts network.Options) error {
-	opts := []proxy.Option{proxy.WithStateDir(filepath.Join(o.opts.Root, "proxy"))}
+	opts := []proxy.Option{proxy.WithStateDir(filepath.Join(o.opts.Root, "proxy")), proxy.WithGateway(o.net.Gateway())}
 	if o.opts.Metrics != nil {
 		opts = append(opts, proxy.WithRegisterer(o.opts.Metrics))
 	}

@@ -41,6 +41,8 @@ type config struct {
 	commitBackoff   time.Duration
 	recordPassed    bool
 	journalLimit    int64
+	nodeAddrs       NodeAddrsFunc
+	gateways        []netip.Addr
 }
 
 // Option configures New.
@@ -96,6 +98,17 @@ func WithCommitRetry(attempts int, backoff time.Duration) Option {
 	return func(c *config) { c.commitAttempts, c.commitBackoff = attempts, backoff }
 }
 
+// WithNodeAddrs replaces the listing of the node's own interface addresses, which the proxy
+// refuses to dial unless a rule names them (tests; default: every interface, listed at each
+// check).
+func WithNodeAddrs(f NodeAddrsFunc) Option { return func(c *config) { c.nodeAddrs = f } }
+
+// WithGateway makes the proxy refuse a (the sandbox network's gateway, where the proxy and
+// the daemon listen) unless a rule names it, even if it is not an interface address yet.
+func WithGateway(a netip.Addr) Option {
+	return func(c *config) { c.gateways = append(c.gateways, a.Unmap()) }
+}
+
 // WithRecordPassed also journals passed requests (method and URL, not durably); off by
 // default because reads are the bulk of the traffic.
 func WithRecordPassed(on bool) Option { return func(c *config) { c.recordPassed = on } }
@@ -116,5 +129,6 @@ func defaultConfig() config {
 		commitAttempts: 5,
 		commitBackoff:  100 * time.Millisecond,
 		journalLimit:   1 << 30,
+		nodeAddrs:      interfacePrefixes,
 	}
 }

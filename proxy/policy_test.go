@@ -102,15 +102,3 @@ func TestCleanPath(t *testing.T) {
 		}
 	}
 }
-
-func TestBlockedReason(t *testing.T) {
-	for ip, want := range map[string]string{
-		"127.0.0.1": "loopback", "10.1.2.3": "private", "169.254.169.254": "link-local", "::1": "loopback",
-		"fd00::1": "private", "::ffff:192.168.1.1": "private", "64:ff9b::a9fe:a9fe": "link-local",
-		"100.100.100.200": "non-public", "0.0.0.0": "non-public", "8.8.8.8": "", "2001:4860::8888": "",
-	} {
-		if got := blockedReason(mustAddr(ip)); got != want {
-			t.Errorf("%s: %q, want %q", ip, got, want)
-		}
-	}
-}

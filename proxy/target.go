@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -9,9 +8,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/containerd/errdefs"
 )
 
 // target is where a request goes, derived from untrusted input and validated.
@@ -160,8 +156,11 @@ func normalizeHost(h string) string {
 	return h
 }
 
+// validHostname accepts a lower-case DNS name. A name whose last label is a number (decimal,
+// octal or 0x hex) is refused: resolvers read "2130706433", "0x7f.1" or "127.1" as IP
+// addresses (inet_aton), and no top-level domain is numeric.
 func validHostname(h string) bool {
-	if h == "" || len(h) > 253 {
+	if h == "" || len(h) > 253 || numericLabel(h[strings.LastIndexByte(h, '.')+1:]) {
 		return false
 	}
 	for _, label := range strings.Split(h, ".") {
@@ -177,6 +176,14 @@ func validHostname(h string) bool {
 	return true
 }
 
+// numericLabel reports whether a label reads as a number to inet_aton.
+func numericLabel(l string) bool {
+	if rest, ok := strings.CutPrefix(l, "0x"); ok {
+		return strings.Trim(rest, "0123456789abcdef") == ""
+	}
+	return l != "" && strings.Trim(l, "0123456789") == ""
+}
+
 // sanitize makes untrusted text safe for a header value or a log line.
 func sanitize(s string) string {
 	if len(s) > 200 {
@@ -188,100 +195,4 @@ func sanitize(s string) string {
 		}
 		return r
 	}, s)
-}
-
-// blockedPrefixes are destinations a sandbox reaches only through a rule naming them.
-var blockedPrefixes = func() []netip.Prefix {
-	var out []netip.Prefix
-	for _, s := range []string{
-		"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
-		"192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/3",
-		"::/128", "::1/128", "fc00::/7", "fe80::/10", "ff00::/8",
-	} {
-		out = append(out, netip.MustParsePrefix(s))
-	}
-	return out
-}()
-
-var nat64 = netip.MustParsePrefix("64:ff9b::/96")
-
-// blockedReason says why a is not a public destination, or "" if it is.
-func blockedReason(a netip.Addr) string {
-	a = a.Unmap()
-	if nat64.Contains(a) {
-		b := a.As16()
-		return blockedReason(netip.AddrFrom4([4]byte(b[12:])))
-	}
-	switch {
-	case a.IsLoopback():
-		return "loopback"
-	case a.IsLinkLocalUnicast():
-		return "link-local"
-	case a.IsPrivate():
-		return "private"
-	}
-	for _, p := range blockedPrefixes {
-		if p.Contains(a) {
-			return "non-public"
-		}
-	}
-	return ""
-}
-
-// resolve returns the addresses of host the proxy may dial: all public ones, and non-public
-// ones only if explicit (a rule names the host). The caller dials only these (no rebinding).
-func (p *Proxy) resolve(ctx context.Context, host string, explicit bool) ([]netip.Addr, error) {
-	var addrs []netip.Addr
-	if ip, err := netip.ParseAddr(host); err == nil {
-		addrs = []netip.Addr{ip}
-	} else {
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if addrs, err = p.cfg.resolver.LookupNetIP(lctx, "ip", host); err != nil {
-			return nil, fmt.Errorf("resolve %s: %w: %w", host, errdefs.ErrUnavailable, err)
-		}
-	}
-	var ok []netip.Addr
-	why := ""
-	for _, a := range addrs {
-		a = a.Unmap()
-		if r := blockedReason(a); r != "" && !explicit {
-			why = fmt.Sprintf("destination %s (%s) is %s; only a rule naming it may allow it", a, host, r)
-			continue
-		}
-		ok = append(ok, a)
-	}
-	if len(ok) == 0 {
-		if why == "" {
-			why = "no addresses for " + host
-		}
-		return nil, fmt.Errorf("%s: %w", why, errdefs.ErrPermissionDenied)
-	}
-	return ok, nil
-}
-
-type pinKey struct{}
-
-// withPinned carries the checked addresses for the upstream dial.
-func withPinned(ctx context.Context, addrs []netip.Addr) context.Context {
-	return context.WithValue(ctx, pinKey{}, addrs)
-}
-
-// dialPinned dials only addresses checked by resolve for this request; the host name in addr
-// is ignored, so DNS cannot change between the check and the dial.
-func (p *Proxy) dialPinned(ctx context.Context, network, addr string) (net.Conn, error) {
-	addrs, _ := ctx.Value(pinKey{}).([]netip.Addr)
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil || len(addrs) == 0 {
-		return nil, fmt.Errorf("dial %s without a checked address: %w", addr, errdefs.ErrPermissionDenied)
-	}
-	var lastErr error
-	for _, a := range addrs {
-		c, err := p.cfg.dialer.DialContext(ctx, network, net.JoinHostPort(a.String(), port))
-		if err == nil {
-			return c, nil
-		}
-		lastErr = err
-	}
-	return nil, lastErr
 }
