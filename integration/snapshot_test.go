@@ -17,6 +17,7 @@ import (
 	"github.com/deltabox/deltabox/internal/testutil"
 	"github.com/deltabox/deltabox/objectstore/s3test"
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/orchestrator/snapsign"
 )
 
 // counterScript keeps a counter in memory (and 20 MB of heap) and writes it out every 50 ms:
@@ -154,7 +155,7 @@ func TestSnapshotAcrossNodesThroughS3(t *testing.T) {
 		t.Setenv(k, v)
 	}
 	a := startDaemonOn(t, e1, "")
-	b := startDaemonOn(t, e2, "")
+	b := startDaemonOn(t, e2, trustConfig(a)) // a fleet: B trusts A's signing key
 	id := startCounter(a)
 	before := a.count(id)
 	var snap api.Snapshot
@@ -211,7 +212,7 @@ func TestSnapshotBadInput(t *testing.T) {
 	before, _ := c.Sandboxes(ctx)
 	// A snapshot from a newer CRIU or another architecture is refused, naming why.
 	for field, value := range map[string]any{"criuVersion": 990000, "arch": "riscv64"} {
-		uri := rewriteConfig(t, store, snap.Name, field, value)
+		uri := rewriteConfig(t, store, snap.Name, field, value, d.signer())
 		_, err := c.Restore(ctx, uri, "", nil)
 		if !errdefs.IsFailedPrecondition(err) || !(strings.Contains(err.Error(), "CRIU") || strings.Contains(err.Error(), "riscv64")) {
 			t.Errorf("restore with %s=%v: want failed_precondition naming it, got %v", field, value, err)
@@ -245,8 +246,9 @@ func readSnapshot(t *testing.T, store, name string) (map[string]any, func(digest
 	}
 }
 
-// rewriteConfig stores a copy of a snapshot whose config has criu.<field> = value.
-func rewriteConfig(t *testing.T, store, name, field string, value any) string {
+// rewriteConfig stores a copy of a snapshot whose config has criu.<field> = value, signed by
+// signer (the restoring node's key, so that only the check under test refuses it).
+func rewriteConfig(t *testing.T, store, name, field string, value any, signer *snapsign.Signer) string {
 	t.Helper()
 	m, blobPath := readSnapshot(t, store, name)
 	cfgDesc := m["config"].(map[string]any)
@@ -267,14 +269,8 @@ func rewriteConfig(t *testing.T, store, name, field string, value any) string {
 	}
 	cfgDesc["digest"], cfgDesc["size"] = d, len(newData)
 	newName := name + "-" + field
-	dir := filepath.Join(strings.TrimPrefix(store, "file://"), "objects", "snapshots", newName)
 	md, _ := json.Marshal(m)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), md, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeManifest(t, store, newName, md, signer)
 	return store + "#" + newName
 }
 

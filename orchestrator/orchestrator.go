@@ -22,6 +22,7 @@ import (
 
 	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/orchestrator/snapsign"
 	"github.com/deltabox/deltabox/pool"
 	"github.com/deltabox/deltabox/pool/network"
 	"github.com/deltabox/deltabox/proxy"
@@ -43,6 +44,20 @@ type Options struct {
 	Network           *network.Options // sandbox networking; nil: loopback only
 	Egress            EgressOptions    // the egress proxy (with Network only)
 	Effects           Effects          // the egress proxy's hooks (default: none held)
+	Snapshots         SnapshotOptions  // signing and trust of L3 snapshots
+}
+
+// SnapshotOptions configure how L3 snapshots are signed and which are trusted.
+type SnapshotOptions struct {
+	// SigningKey is the node's Ed25519 private key (PEM, PKCS#8), created on first start;
+	// default <root>/keys/snapshot.key. Its public key is written beside it (.pub).
+	SigningKey string
+	// TrustedKeys are further public keys whose snapshots this node restores: inline
+	// ("ed25519:BASE64") or files of PEM PUBLIC KEY blocks / inline keys. The node's own key
+	// is always trusted.
+	TrustedKeys []string
+	// RestoreTimeout bounds one CRIU restore (default 2 minutes).
+	RestoreTimeout time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -67,6 +82,12 @@ func (o *Options) setDefaults() {
 	if o.ObjectStoreURI == "" {
 		o.ObjectStoreURI = "file://" + filepath.Join(o.Root, "objects")
 	}
+	if o.Snapshots.SigningKey == "" {
+		o.Snapshots.SigningKey = filepath.Join(o.Root, "keys", "snapshot.key")
+	}
+	if o.Snapshots.RestoreTimeout == 0 {
+		o.Snapshots.RestoreTimeout = 2 * time.Minute
+	}
 }
 
 // Orchestrator is the running node agent.
@@ -81,6 +102,8 @@ type Orchestrator struct {
 	l3      *criu.Checkpointer
 	closers []func() error
 	effects Effects
+	signer  *snapsign.Signer   // signs the manifests this node pushes
+	trust   *snapsign.Verifier // keys whose snapshots this node restores
 
 	mu       sync.Mutex
 	sessions map[string]*session // by sandbox (lease) ID
@@ -111,6 +134,9 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 		log.L(ctx).Warn("L3 checkpoints disabled", "reason", o.criu.Reason)
 	}
 	if o.node, err = nodeID(o.opts.Root); err != nil {
+		return err
+	}
+	if err := o.loadSnapshotKeys(ctx); err != nil {
 		return err
 	}
 	initBin, err := installInit(o.opts.InitBinary, filepath.Join(o.opts.Root, "bin"))

@@ -169,7 +169,7 @@ func (o *Orchestrator) fetchSnapshot(ctx context.Context, uri string, emit Emit)
 		return nil, err
 	}
 	cas := objectstore.NewCAS(st)
-	m, cfg, err := readManifest(ctx, st, cas, name)
+	m, cfg, err := verifiedManifest(ctx, st, cas, name, o.trust)
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/objectstore"
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/orchestrator/snapsign"
 )
 
 // Emit receives progress events of long operations.
@@ -63,7 +64,7 @@ func (o *Orchestrator) SnapshotPush(ctx context.Context, id, to string, emit Emi
 	defer removeBlobs(blobs)
 	snap.PackageMS = ms(time.Since(start))
 	start = time.Now()
-	if snap.Uploaded, err = uploadSnapshot(ctx, st, snap.Name, blobs, cfg, emit); err != nil {
+	if snap.Uploaded, err = uploadSnapshot(ctx, st, o.signer, snap.Name, blobs, cfg, emit); err != nil {
 		return snap, err
 	}
 	snap.UploadMS = ms(time.Since(start))
@@ -137,9 +138,9 @@ func removeBlobs(bs []blob) {
 	}
 }
 
-// uploadSnapshot puts the blobs (in parallel, skipping those the store has) and then the
-// manifest. It returns the bytes actually uploaded.
-func uploadSnapshot(ctx context.Context, st objectstore.Store, name string, blobs []blob, cfg snapshotConfig, emit Emit) (int64, error) {
+// uploadSnapshot puts the blobs (in parallel, skipping those the store has), then the
+// manifest's signature and the manifest. It returns the bytes actually uploaded.
+func uploadSnapshot(ctx context.Context, st objectstore.Store, signer *snapsign.Signer, name string, blobs []blob, cfg snapshotConfig, emit Emit) (int64, error) {
 	cas := objectstore.NewCAS(st)
 	var mu sync.Mutex
 	var uploaded int64
@@ -167,6 +168,13 @@ func uploadSnapshot(ctx context.Context, st objectstore.Store, name string, blob
 	data, err := json.Marshal(m)
 	if err != nil {
 		return uploaded, err
+	}
+	sig, err := signer.Sign(name, data)
+	if err != nil {
+		return uploaded, err
+	}
+	if err := st.Put(ctx, sigKey(name), strings.NewReader(string(sig)), int64(len(sig))); err != nil {
+		return uploaded, fmt.Errorf("write manifest signature of %s: %w", name, err)
 	}
 	if err := st.Put(ctx, manifestKey(name), strings.NewReader(string(data)), int64(len(data))); err != nil {
 		return uploaded, fmt.Errorf("write manifest of %s: %w", name, err)
@@ -291,6 +299,9 @@ func (o *Orchestrator) SnapshotRemove(ctx context.Context, uri string) error {
 		return err
 	}
 	if err := st.Delete(ctx, manifestKey(name)); err != nil {
+		return err
+	}
+	if err := st.Delete(ctx, sigKey(name)); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
 	keep, err := referencedBlobs(ctx, st)

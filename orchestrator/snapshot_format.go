@@ -18,7 +18,9 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/deltabox/deltabox/criu"
+	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/objectstore"
+	"github.com/deltabox/deltabox/orchestrator/snapsign"
 	"github.com/deltabox/deltabox/pool"
 )
 
@@ -133,25 +135,83 @@ func newManifest(cfg blob, layers []blob, c snapshotConfig) ocispec.Manifest {
 	return m
 }
 
-// readManifest fetches a snapshot's manifest and verified config.
+// sigKey is where a snapshot's detached manifest signature lives; it is written just before
+// the manifest.
+func sigKey(name string) string { return "snapshots/" + name + "/manifest.sig" }
+
+// maxManifest bounds the manifest and signature documents read from a store.
+const maxManifest = 1 << 20
+
+// maxConfig bounds a snapshot's config blob.
+const maxConfig = 4 << 20
+
+// readObject reads a small object of a store, refusing one over limit bytes.
+func readObject(ctx context.Context, st objectstore.Store, key string, limit int64) ([]byte, error) {
+	r, err := st.Get(ctx, key, objectstore.Range{})
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s is over %d bytes: %w", key, limit, errdefs.ErrInvalidArgument)
+	}
+	return data, nil
+}
+
+// readManifest fetches a snapshot's manifest and verified config, without checking its
+// signature (listing and removal); restores use verifiedManifest.
 func readManifest(ctx context.Context, st objectstore.Store, cas *objectstore.CAS, name string) (ocispec.Manifest, snapshotConfig, error) {
+	data, err := readObject(ctx, st, manifestKey(name), maxManifest)
+	if err != nil {
+		return ocispec.Manifest{}, snapshotConfig{}, fmt.Errorf("snapshot %q: %w", name, err)
+	}
+	return parseManifest(ctx, cas, name, data)
+}
+
+// verifiedManifest is readManifest for a restore: the manifest's signature is checked
+// against the trusted keys first, so nothing the manifest names (not even the config blob)
+// is fetched unless a trusted key signed it.
+func verifiedManifest(ctx context.Context, st objectstore.Store, cas *objectstore.CAS, name string, v *snapsign.Verifier) (ocispec.Manifest, snapshotConfig, error) {
+	data, err := readObject(ctx, st, manifestKey(name), maxManifest)
+	if err != nil {
+		return ocispec.Manifest{}, snapshotConfig{}, fmt.Errorf("snapshot %q: %w", name, err)
+	}
+	sig, err := readObject(ctx, st, sigKey(name), maxManifest)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return ocispec.Manifest{}, snapshotConfig{}, fmt.Errorf("snapshot %q signature: %w", name, err)
+	}
+	fp, err := v.Verify(name, data, sig)
+	if err != nil {
+		return ocispec.Manifest{}, snapshotConfig{}, err
+	}
+	log.L(ctx).Debug("snapshot signature verified", "snapshot", name, "key", fp)
+	return parseManifest(ctx, cas, name, data)
+}
+
+func parseManifest(ctx context.Context, cas *objectstore.CAS, name string, data []byte) (ocispec.Manifest, snapshotConfig, error) {
 	var m ocispec.Manifest
 	var c snapshotConfig
-	r, err := st.Get(ctx, manifestKey(name), objectstore.Range{})
-	if err != nil {
-		return m, c, fmt.Errorf("snapshot %q: %w", name, err)
-	}
-	err = json.NewDecoder(io.LimitReader(r, 1<<20)).Decode(&m)
-	r.Close()
+	err := json.Unmarshal(data, &m)
 	if err != nil || m.ArtifactType != ArtifactSnapshot {
 		return m, c, fmt.Errorf("snapshot %q: not a DeltaBox snapshot manifest (%v): %w", name, err, errdefs.ErrInvalidArgument)
+	}
+	if m.Config.Size <= 0 || m.Config.Size > maxConfig {
+		return m, c, fmt.Errorf("snapshot %q: config blob of %d bytes: want 1 to %d: %w", name, m.Config.Size, maxConfig, errdefs.ErrInvalidArgument)
 	}
 	rc, err := cas.Get(ctx, m.Config.Digest)
 	if err != nil {
 		return m, c, fmt.Errorf("snapshot %q config: %w", name, err)
 	}
 	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, 4<<20))
+	// Read to the end (the CAS reader checks the digest there), one byte past the recorded size.
+	data, err = io.ReadAll(io.LimitReader(rc, m.Config.Size+1))
+	if err == nil && int64(len(data)) != m.Config.Size {
+		err = fmt.Errorf("config blob has %d bytes, the manifest says %d: %w", len(data), m.Config.Size, errdefs.ErrInvalidArgument)
+	}
 	if err == nil {
 		err = json.Unmarshal(data, &c)
 	}
@@ -172,4 +232,20 @@ func layerByType(m ocispec.Manifest, mediaType string) (ocispec.Descriptor, erro
 		}
 	}
 	return ocispec.Descriptor{}, fmt.Errorf("snapshot has no %s blob: %w", mediaType, errdefs.ErrInvalidArgument)
+}
+
+// loadSnapshotKeys loads (or creates) the node's signing key and the trusted keys; the
+// node's own key is always trusted.
+func (o *Orchestrator) loadSnapshotKeys(ctx context.Context) error {
+	signer, err := snapsign.LoadOrCreate(o.opts.Snapshots.SigningKey)
+	if err != nil {
+		return err
+	}
+	keys, err := snapsign.ParseTrusted(o.opts.Snapshots.TrustedKeys)
+	if err != nil {
+		return fmt.Errorf("[snapshots] trusted_keys: %w", err)
+	}
+	o.signer, o.trust = signer, snapsign.NewVerifier(append(keys, signer.Public())...)
+	log.L(ctx).Info("snapshot keys", "signing_key", snapsign.Fingerprint(signer.Public()), "trusted", o.trust.Trusted())
+	return nil
 }

@@ -106,6 +106,8 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 		Metrics: registry, Retain: cfg.Checkpoints.Retain, L2Every: cfg.Checkpoints.L2Every,
 		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, Network: netOpts,
 		Egress: orchestrator.EgressOptions{UpstreamCAFile: cfg.Egress.UpstreamCAFile, BodyLimit: cfg.Egress.BodyLimit},
+		Snapshots: orchestrator.SnapshotOptions{SigningKey: cfg.Snapshots.SigningKey, TrustedKeys: cfg.Snapshots.TrustedKeys,
+			RestoreTimeout: cfg.Snapshots.RestoreTimeout.Duration},
 	})
 	if err != nil {
 		return err

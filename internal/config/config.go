@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 	"github.com/containerd/errdefs"
@@ -31,7 +32,31 @@ type Config struct {
 	Checkpoints Checkpoints `toml:"checkpoints"`
 	Network     Network     `toml:"network"`
 	Egress      Egress      `toml:"egress"`
+	Snapshots   Snapshots   `toml:"snapshots"`
 }
+
+// Snapshots configures the signing and trust of L3 snapshots.
+type Snapshots struct {
+	SigningKey     string   `toml:"signing_key"`
+	TrustedKeys    []string `toml:"trusted_keys"`
+	RestoreTimeout Duration `toml:"restore_timeout"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("90s", "2m").
+type Duration struct{ time.Duration }
+
+// UnmarshalText parses a duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("duration %q: want e.g. 90s or 2m", b)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText formats the duration.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
 
 // Egress configures the egress proxy.
 type Egress struct {
@@ -136,6 +161,9 @@ func (c Config) validate(name string) error {
 	}
 	if c.Checkpoints.Retain < 2 {
 		return fmt.Errorf("config %s: checkpoints.retain = %d: keep at least 2: %w", name, c.Checkpoints.Retain, errdefs.ErrInvalidArgument)
+	}
+	if c.Snapshots.RestoreTimeout.Duration < time.Second {
+		return fmt.Errorf("config %s: snapshots.restore_timeout = %s: want at least 1s: %w", name, c.Snapshots.RestoreTimeout, errdefs.ErrInvalidArgument)
 	}
 	switch c.Log.Format {
 	case "text", "json":

@@ -14,6 +14,7 @@ const (
 	CodeConflict           = "conflict"
 	CodeFailedPrecondition = "failed_precondition"
 	CodeUnavailable        = "unavailable"
+	CodePermissionDenied   = "permission_denied"
 	CodeInternal           = "internal"
 )
 
@@ -42,6 +43,7 @@ var classes = []codeClass{
 	{CodeConflict, http.StatusConflict, errdefs.ErrConflict},
 	{CodeFailedPrecondition, http.StatusPreconditionFailed, errdefs.ErrFailedPrecondition},
 	{CodeUnavailable, http.StatusServiceUnavailable, errdefs.ErrUnavailable},
+	{CodePermissionDenied, http.StatusForbidden, errdefs.ErrPermissionDenied},
 }
 
 // FromError translates an internal error into its API code and HTTP status. Anything that
