@@ -231,7 +231,11 @@ func applyPending(dst, delta map[string]*Key) {
 
 // addEntries records the scan's changes in m, copying file contents (once per inode).
 func (s *Store) addEntries(pw *packWriter, rootfd int, m *manifest, res *scanResult) (int64, error) {
-	offs := map[uint64]int64{}
+	type extent struct {
+		off int64
+		sum uint64
+	}
+	offs := map[uint64]extent{}
 	var copied int64
 	for _, c := range res.changed {
 		e := c.entry
@@ -239,16 +243,16 @@ func (s *Store) addEntries(pw *packWriter, rootfd int, m *manifest, res *scanRes
 		k := keyOf(&c.st)
 		m.Index[e.Path] = &k
 		if e.Kind == KindFile && e.Size > 0 {
-			off, seen := offs[c.st.Ino]
+			ext, seen := offs[c.st.Ino]
 			if !seen {
 				var err error
-				if off, err = copyIn(pw, rootfd, e); err != nil {
+				if ext.off, ext.sum, err = copyIn(pw, rootfd, e); err != nil {
 					return 0, err
 				}
-				offs[c.st.Ino] = off
+				offs[c.st.Ino] = ext
 				copied += e.Size
 			}
-			e.Off = off
+			e.Off, e.Sum, e.summed = ext.off, ext.sum, true
 		}
 		m.Entries = append(m.Entries, e)
 	}
@@ -273,18 +277,18 @@ func (s *Store) addUnchangedKeys(m *manifest, res *scanResult) {
 	}
 }
 
-// copyIn copies one upper file's content into the pack.
-func copyIn(pw *packWriter, rootfd int, e *Entry) (int64, error) {
+// copyIn copies one upper file's content into the pack and returns where, with its digest.
+func copyIn(pw *packWriter, rootfd int, e *Entry) (int64, uint64, error) {
 	fd, err := openBeneath(rootfd, e.Path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME)
 	if err != nil {
-		return 0, fmt.Errorf("open upper %q: %w", e.Path, err)
+		return 0, 0, fmt.Errorf("open upper %q: %w", e.Path, err)
 	}
 	defer unix.Close(fd)
-	off, err := pw.addFrom(fd, 0, e.Size)
+	off, sum, err := pw.addFrom(fd, 0, e.Size)
 	if err != nil {
-		return 0, fmt.Errorf("copy upper %q: %w", e.Path, err)
+		return 0, 0, fmt.Errorf("copy upper %q: %w", e.Path, err)
 	}
-	return off, nil
+	return off, sum, nil
 }
 
 // commitCapture moves the in-memory state to the new checkpoint.

@@ -91,6 +91,7 @@ func (s *Store) deleteInner(pos int) error {
 func mergeManifests(old, next *manifest) *manifest {
 	m := *next
 	m.Parent, m.Full = old.Parent, old.Full || next.Full
+	m.Version = manifestVer // copyContents gives every entry with content a digest
 	if m.Root == nil {
 		m.Root = old.Root
 	}
@@ -131,29 +132,49 @@ func (s *Store) copyContents(pw *packWriter, m *manifest) error {
 		ckpt string
 		off  int64
 	}
-	moved := map[extent]int64{}
+	moved := map[extent]movedExtent{}
 	for _, e := range m.Entries {
 		if e.Kind != KindFile || e.Size == 0 {
 			e.ckpt = m.ID
 			continue
 		}
 		src := extent{e.ckpt, e.Off}
-		off, ok := moved[src]
+		dst, ok := moved[src]
 		if !ok {
-			f := s.packs[e.ckpt]
-			if f == nil {
-				return fmt.Errorf("content of %q: checkpoint %s not open", e.Path, e.ckpt)
-			}
-			if err := checkExtent(f, e); err != nil {
-				return err
-			}
 			var err error
-			if off, err = pw.addFrom(int(f.Fd()), e.Off, e.Size); err != nil {
+			if dst, err = s.moveContent(pw, e); err != nil {
 				return err
 			}
-			moved[src] = off
+			moved[src] = dst
 		}
-		e.ckpt, e.Off = m.ID, off
+		e.ckpt, e.Off, e.Sum, e.summed = m.ID, dst.off, dst.sum, true
 	}
 	return nil
+}
+
+// movedExtent is where copyContents put one content extent, and its digest.
+type movedExtent struct {
+	off int64
+	sum uint64
+}
+
+// moveContent copies e's content into pw. Content with a recorded digest must still have it:
+// damage is refused, never carried into the merged pack under a fresh digest.
+func (s *Store) moveContent(pw *packWriter, e *Entry) (movedExtent, error) {
+	f := s.packs[e.ckpt]
+	if f == nil {
+		return movedExtent{}, fmt.Errorf("content of %q: checkpoint %s not open", e.Path, e.ckpt)
+	}
+	if err := checkExtent(f, e); err != nil {
+		return movedExtent{}, err
+	}
+	off, sum, err := pw.addFrom(int(f.Fd()), e.Off, e.Size)
+	if err != nil {
+		return movedExtent{}, err
+	}
+	if e.summed && sum != e.Sum {
+		return movedExtent{}, &DamageError{Checkpoint: e.ckpt, Path: e.Path,
+			Reason: fmt.Sprintf("xxh3 %016x, recorded %016x", sum, e.Sum)}
+	}
+	return movedExtent{off: off, sum: sum}, nil
 }

@@ -242,7 +242,7 @@ func openSource(s *Store, v *view, e *Entry) (source, error) {
 	if f == nil {
 		return source{}, fmt.Errorf("content of %q in checkpoint %s: %w", e.Path, e.ckpt, errdefs.ErrNotFound)
 	}
-	if err := checkExtent(f, e); err != nil {
+	if err := checkContent(f, e); err != nil {
 		return source{}, err
 	}
 	return source{fd: int(f.Fd()), off: e.Off}, nil

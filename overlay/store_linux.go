@@ -3,6 +3,7 @@
 package overlay
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,8 +13,11 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/log"
 )
 
 // Store is the layer store of one sandbox: a linear chain of checkpoints (IDs in capture
@@ -33,6 +37,7 @@ type Store struct {
 	trk     *tracker            // change tracker of the upper dir (nil until the first scan)
 	spare   chan *os.File       // an empty temp file made in the background (see tempFile)
 	bg      sync.WaitGroup      // background temp file creation
+	damaged []Damage            // checkpoints set aside as damaged (see setAside)
 }
 
 // Option configures a Store.
@@ -157,6 +162,9 @@ func (s *Store) load() error {
 		switch {
 		case strings.HasPrefix(name, tempPrefix), strings.HasPrefix(name, ".export-"):
 			_ = os.RemoveAll(filepath.Join(s.dir, name))
+		case strings.Contains(name, damagedSuffix):
+			s.damaged = append(s.damaged, Damage{Checkpoint: name[:strings.Index(name, damagedSuffix)],
+				Reason: "set aside as damaged by an earlier start (kept as " + name + ")"})
 		case strings.HasSuffix(name, packSuffix):
 			if err := s.loadPack(name); err != nil {
 				return err
@@ -173,20 +181,23 @@ func (s *Store) load() error {
 	return s.rebuild()
 }
 
-// loadPack opens one pack and appends its manifest to the (unsorted) chain.
+// loadPack opens one pack and appends its manifest to the (unsorted) chain. A pack whose
+// manifest is damaged is set aside (see setAside): it no longer loads, the others do.
 func (s *Store) loadPack(name string) error {
 	f, err := os.Open(filepath.Join(s.dir, name))
 	if err != nil {
 		return err
 	}
 	m, err := readManifest(f)
+	if err == nil && m.ID+packSuffix != name {
+		err = fmt.Errorf("pack %s holds checkpoint %q: %w", name, m.ID, errdefs.ErrDataLoss)
+	}
 	if err != nil {
 		f.Close()
+		if errors.Is(err, errdefs.ErrDataLoss) {
+			return s.setAside(strings.TrimSuffix(name, packSuffix), err.Error())
+		}
 		return err
-	}
-	if m.ID+packSuffix != name {
-		f.Close()
-		return fmt.Errorf("pack %s holds checkpoint %q: %w", name, m.ID, errdefs.ErrDataLoss)
 	}
 	s.packs[m.ID] = f
 	s.chain = append(s.chain, m)
@@ -195,8 +206,13 @@ func (s *Store) loadPack(name string) error {
 
 // repairChain drops packs left behind by an interrupted Delete (a checkpoint whose successor
 // was already rewritten to absorb it names the deleted checkpoint's parent) and checks that
-// the rest is one linear chain.
+// the rest is one linear chain. Where the chain breaks (a pack is missing or was set aside
+// as damaged), the checkpoints before the break stay usable and those after it, which
+// cannot be rebuilt, are set aside.
 func (s *Store) repairChain() error {
+	if len(s.chain) > 0 && !s.chain[0].Full {
+		return s.setAsideFrom(0, fmt.Sprintf("its base (parent %q) is missing or damaged", s.chain[0].Parent))
+	}
 	for i := 0; i+1 < len(s.chain); {
 		cur, next := s.chain[i], s.chain[i+1]
 		switch {
@@ -208,13 +224,54 @@ func (s *Store) repairChain() error {
 			}
 			s.chain = append(s.chain[:i], s.chain[i+1:]...)
 		default:
-			return fmt.Errorf("checkpoint %s names parent %q, want %q: %w", next.ID, next.Parent, cur.ID, errdefs.ErrDataLoss)
+			return s.setAsideFrom(i+1, fmt.Sprintf("it follows checkpoint %q, which is missing or damaged (the chain ends at %s)", next.Parent, cur.ID))
 		}
 	}
-	if len(s.chain) > 0 && !s.chain[0].Full {
-		return fmt.Errorf("first checkpoint %s is not self-contained: %w", s.chain[0].ID, errdefs.ErrDataLoss)
+	return nil
+}
+
+// damagedSuffix marks a pack set aside: <id>.ckpt.damaged-<unix nanoseconds>.
+const damagedSuffix = packSuffix + ".damaged"
+
+// setAsideFrom sets aside the checkpoints from chain position pos on.
+func (s *Store) setAsideFrom(pos int, reason string) error {
+	for len(s.chain) > pos {
+		last := s.chain[len(s.chain)-1]
+		if f := s.packs[last.ID]; f != nil {
+			f.Close()
+			delete(s.packs, last.ID)
+		}
+		s.chain = s.chain[:len(s.chain)-1]
+		if err := s.setAside(last.ID, reason); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// setAside renames a damaged checkpoint's pack out of the chain (it is kept for the operator
+// and reported by Damaged) so that the other checkpoints load and a new capture can never
+// reuse its name.
+func (s *Store) setAside(id, reason string) error {
+	from := filepath.Join(s.dir, id+packSuffix)
+	to := fmt.Sprintf("%s-%d", filepath.Join(s.dir, id+damagedSuffix), time.Now().UnixNano())
+	if err := os.Rename(from, to); err != nil {
+		return fmt.Errorf("set aside damaged checkpoint %s: %w", id, err)
+	}
+	log.L(context.Background()).Error("checkpoint set aside as damaged", "dir", s.dir, "checkpoint", id,
+		"reason", reason, "kept_as", filepath.Base(to))
+	s.damaged = append(s.damaged, Damage{Checkpoint: id, Reason: reason + " (kept as " + filepath.Base(to) + ")"})
+	if s.opts.sync {
+		return syncDir(s.dir)
+	}
+	return nil
+}
+
+// Damaged lists the checkpoints set aside as damaged (this start or an earlier one).
+func (s *Store) Damaged() []Damage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Damage(nil), s.damaged...)
 }
 
 // loadRollback finishes an interrupted rollback (drops checkpoints after its target) or

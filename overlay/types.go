@@ -72,9 +72,11 @@ type Entry struct {
 	Xattrs map[string][]byte `json:"xattrs,omitempty"`
 	Link   string            `json:"link,omitempty"` // hard-link group (inode identity), shared by its paths
 	Off    int64             `json:"off,omitempty"`  // content offset in the pack of ckpt
+	Sum    uint64            `json:"xxh3,omitempty"` // XXH3-64 of the content (manifest version >= 2)
 
-	ckpt  string // checkpoint whose pack holds the content
-	lower string // for entries resolved from a lower dir: the layer root
+	ckpt   string // checkpoint whose pack holds the content
+	lower  string // for entries resolved from a lower dir: the layer root
+	summed bool   // Sum was recorded and is checked before the content is used
 }
 
 // CaptureRequest asks for a checkpoint of a sandbox's upper dir.
@@ -148,7 +150,8 @@ func validateID(id string) error {
 // Mismatch is one way the merged tree differs from a checkpoint's recorded state. What names
 // the difference: missing (recorded, not in the tree), extra (in the tree, not recorded),
 // type, mode, owner (uid:gid), size, content (sha256 of both sides), target (symlink), rdev,
-// xattrs, link (a recorded hard link is broken) or mtime (only with VerifyMtimes).
+// xattrs, link (a recorded hard link is broken), mtime (only with VerifyMtimes) or damaged
+// (the checkpoint's stored content no longer matches its digest; Got says how).
 type Mismatch struct {
 	Path string `json:"path"`
 	What string `json:"what"`

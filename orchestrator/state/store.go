@@ -83,6 +83,9 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
+	if err := checkLogPresent(dir); err != nil {
+		return nil, fmt.Errorf("open state %s: %w", dir, err)
+	}
 	lock, err := lockDir(dir)
 	if err != nil {
 		return nil, err
@@ -131,6 +134,29 @@ func cutTornTail(ctx context.Context, l logFile, r *rebuilt) error {
 		return fmt.Errorf("truncate torn state log: %w", err)
 	}
 	return l.Sync()
+}
+
+// checkLogPresent refuses a state dir that was opened before (it has its LOCK file) but has
+// lost its log: that is not a new store, and opening it would serve an empty (or only the
+// snapshot's) document. A new store's log is created before its LOCK file, so a crash
+// between the two leaves a log without a LOCK, which is fine.
+func checkLogPresent(dir string) error {
+	_, lerr := os.Stat(filepath.Join(dir, "LOCK"))
+	_, err := os.Stat(filepath.Join(dir, logName))
+	switch {
+	case lerr == nil && errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("the state log %s is missing from a store that was used before: %w", logName, errdefs.ErrDataLoss)
+	case errors.Is(lerr, os.ErrNotExist) && errors.Is(err, os.ErrNotExist):
+		l, err := openLog(filepath.Join(dir, logName))
+		if err != nil {
+			return err
+		}
+		if err := errors.Join(l.Sync(), l.Close()); err != nil {
+			return fmt.Errorf("create state log: %w", err)
+		}
+		return syncDir(dir)
+	}
+	return nil
 }
 
 func lockDir(dir string) (*os.File, error) {

@@ -71,20 +71,20 @@ func appendFrame(buf []byte, rec record) ([]byte, error) {
 	return append(buf, payload...), nil
 }
 
-// scanLog decodes the frames of data. It returns the records and the length of the valid
-// prefix. A damaged frame at the end (a torn write: short header, short payload, bad checksum
-// of the last frame, or zero fill) ends the valid prefix; damage followed by more data is
-// corruption and wraps errdefs.ErrDataLoss.
+// scanLog decodes the frames of data (the whole log file). It returns the records and the
+// length of the valid prefix. A final frame that an interrupted write left (see tornTail)
+// ends the valid prefix; any other bad frame, the final one included, is damage and wraps
+// errdefs.ErrDataLoss.
 func scanLog(data []byte) ([]record, int, error) {
 	var recs []record
 	off := 0
 	for off < len(data) {
 		payload, ok := nextFrame(data[off:])
 		if !ok {
-			if tornTail(data[off:]) {
+			if tornTail(data[off:], off) {
 				return recs, off, nil
 			}
-			return nil, 0, fmt.Errorf("state log damaged at offset %d with data after it: %w", off, errdefs.ErrDataLoss)
+			return nil, 0, damaged(data[off:], off)
 		}
 		var rec record
 		if err := json.Unmarshal(payload, &rec); err != nil {
@@ -94,6 +94,15 @@ func scanLog(data []byte) ([]record, int, error) {
 		off += frameHeader + len(payload)
 	}
 	return recs, off, nil
+}
+
+// damaged describes the damage of the bad frame b at offset off.
+func damaged(b []byte, off int) error {
+	if len(b) >= frameHeader && frameHeader+int(binary.LittleEndian.Uint32(b)) == len(b) {
+		return fmt.Errorf("state log damaged: its last record (offset %d, %d bytes) is complete but fails its checksum, "+
+			"so it was written whole and changed since (not a torn write): %w", off, len(b), errdefs.ErrDataLoss)
+	}
+	return fmt.Errorf("state log damaged at offset %d with data after it: %w", off, errdefs.ErrDataLoss)
 }
 
 // nextFrame returns the payload of the frame at the start of b, if it is complete and intact.
@@ -109,15 +118,41 @@ func nextFrame(b []byte) ([]byte, bool) {
 	return payload, crc32.Checksum(payload, castagnoli) == binary.LittleEndian.Uint32(b[4:])
 }
 
-// tornTail reports whether b, starting with a bad frame, looks like an interrupted final
-// write: too short for a header, a length running past the end, the last frame with a bad
-// checksum, or nothing but zeros.
-func tornTail(b []byte) bool {
+// logPage is the unit in which a crash can leave a file's appended data unwritten (reading
+// back as zeros): the page cache's page, which is also the filesystems' block size here.
+const logPage = 4096
+
+// tornTail reports whether b, a frame at file offset off that did not check, is what an
+// interrupted final write leaves. A process killed mid-write leaves a prefix of the frame: a
+// header cut short or a length that runs past the end (unless the bytes that are there are
+// one whole record with the recorded checksum: then the length field itself was changed). A
+// power loss may also leave a final frame of full length whose unwritten pages read back as
+// zeros (a JSON payload never holds a zero byte). A final frame of full length with a bad
+// checksum and no such page was written whole and changed afterwards: that is damage, not a
+// torn write (it was synced, and dropping it would drop an acknowledged record).
+func tornTail(b []byte, off int) bool {
 	if len(b) < frameHeader || len(bytes.Trim(b, "\x00")) == 0 {
 		return true
 	}
 	n := int(binary.LittleEndian.Uint32(b))
-	return n > len(b)-frameHeader || frameHeader+n == len(b)
+	rest := b[frameHeader:]
+	if n > len(rest) {
+		return !json.Valid(rest) || crc32.Checksum(rest, castagnoli) != binary.LittleEndian.Uint32(b[4:])
+	}
+	return frameHeader+n == len(b) && hasUnwrittenPage(rest, off+frameHeader)
+}
+
+// hasUnwrittenPage reports whether payload (at file offset off) has a piece, between two page
+// boundaries or a boundary and its end, that is all zeros.
+func hasUnwrittenPage(payload []byte, off int) bool {
+	for len(payload) > 0 {
+		n := min(len(payload), logPage-off%logPage)
+		if len(bytes.Trim(payload[:n], "\x00")) == 0 {
+			return true
+		}
+		payload, off = payload[n:], off+n
+	}
+	return false
 }
 
 // logFile is the append-only log as the store uses it; tests substitute failing ones.
