@@ -10,8 +10,10 @@ import (
 )
 
 // Verify checks a sandbox's consistency: the agent state rebuilt from its last snapshot plus
-// the log must equal the live document, and (when ckpt is the latest checkpoint, or "") the
-// files recorded for the checkpoint must equal a full walk of the merged tree.
+// the log must equal the live document, the files recorded for checkpoint ckpt (default: the
+// latest) must equal a full walk of the merged tree, and every stored checkpoint's contents
+// must still match their digests (a damaged one is named, with the path, and so is one set
+// aside as damaged when the sandbox's session was opened).
 func (o *Orchestrator) Verify(ctx context.Context, id, ckpt string) (api.VerifyResult, error) {
 	s, err := o.session(ctx, id)
 	if err != nil {
@@ -34,6 +36,13 @@ func (o *Orchestrator) Verify(ctx context.Context, id, ckpt string) (api.VerifyR
 		return res, err
 	}
 	res.Problems = append(res.Problems, problems...)
+	damaged, err := s.fs.Scrub(ctx)
+	if err != nil {
+		return res, err
+	}
+	for _, d := range damaged {
+		res.Problems = append(res.Problems, "checkpoints: "+d.String())
+	}
 	res.OK = len(res.Problems) == 0
 	return res, nil
 }
