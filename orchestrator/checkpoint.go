@@ -10,6 +10,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/overlay"
@@ -46,6 +47,9 @@ func (o *Orchestrator) Checkpoint(ctx context.Context, id string, req api.Checkp
 func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.CheckpointRequest) (api.Checkpoint, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := o.finishPending(ctx, s); err != nil {
+		return api.Checkpoint{}, err
+	}
 	if req.Level == "" && o.opts.L2Every > 0 && s.l1Chain() >= o.opts.L2Every {
 		req.Level = api.LevelL2 // compaction: bound the delta chain a rollback has to fold
 		req.Message = strings.TrimSpace(req.Message + " (automatic l2)")
@@ -79,13 +83,22 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 		pending.Abort()
 		return api.Checkpoint{}, err
 	}
+	if err := failpoint.Inject("checkpoint/before-commit"); err != nil {
+		pending.Abort()
+		removeImages(rec)
+		return api.Checkpoint{}, err
+	}
 	if _, err := pending.Commit(data); err != nil {
 		removeImages(rec)
 		return api.Checkpoint{}, fmt.Errorf("record checkpoint %s of %s: %w", rec.ID, s.id, err)
 	}
 	s.ckpts = append(s.ckpts, rec)
 	s.meta.Next++
-	o.effects.SetCheckpoint(s.id, rec.ID)
+	_ = failpoint.Inject("checkpoint/committed") // only "exit" means something here: it is durable
+	if err := o.effects.SetCheckpoint(ctx, s.id, rec.ID); err != nil {
+		// The checkpoint is durable; effects recorded now carry the previous tag.
+		log.L(ctx).Error("tag effects with checkpoint", "sandbox", s.id, "checkpoint", rec.ID, "error", err)
+	}
 	rec.TotalMS = ms(time.Since(start))
 	log.L(ctx).Info("checkpoint created", "sandbox", s.id, "checkpoint", rec.ID, "level", rec.Level,
 		"files", rec.FilesChanged, "bytes", rec.Bytes, "frozen_ms", rec.FrozenMS, "total_ms", rec.TotalMS)
@@ -104,15 +117,22 @@ func (s *session) l1Chain() int {
 
 // cut runs the frozen window and fills rec; it returns how long the sandbox was frozen and
 // the prepared capture, which the caller commits (with the record) or aborts.
-func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, *overlay.PendingCapture, error) {
+func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, pendingFiles, error) {
 	start := time.Now()
 	if err := s.frz.Freeze(ctx); err != nil {
 		return 0, nil, err
 	}
 	frozenAt := time.Now()
 	defer o.thaw(ctx, s)
+	if err := failpoint.Inject("checkpoint/frozen"); err != nil {
+		return 0, nil, err
+	}
 	pending, err := o.capture(ctx, s, level, rec)
 	if err != nil {
+		return 0, nil, err
+	}
+	if err := failpoint.Inject("checkpoint/captured"); err != nil {
+		pending.Abort()
 		return 0, nil, err
 	}
 	captured := time.Now()
@@ -128,7 +148,7 @@ func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level,
 
 // capture records a frozen sandbox into rec: its processes, files (prepared, not yet
 // durable), state sequence number and effect watermark.
-func (o *Orchestrator) capture(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (*overlay.PendingCapture, error) {
+func (o *Orchestrator) capture(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (pendingFiles, error) {
 	var err error
 	if rec.Procs, err = s.frz.Procs(); err != nil {
 		return nil, err
@@ -162,20 +182,26 @@ func (o *Orchestrator) thaw(ctx context.Context, s *session) error {
 }
 
 // retain deletes the oldest checkpoints beyond the retention limit. The first checkpoint
-// (the sandbox as leased) is kept: release resets the files to it.
+// (the sandbox as leased) is kept and stays a rollback target: release resets the files to
+// it. The state log is compacted to what every retained checkpoint still needs.
 func (o *Orchestrator) retain(ctx context.Context, s *session) {
+	deleted := false
 	for len(s.ckpts) > max(o.opts.Retain, 2) {
 		victim := s.ckpts[1]
 		if err := s.fs.Delete(ctx, victim.ID); err != nil {
 			log.L(ctx).Warn("retention: delete checkpoint", "sandbox", s.id, "checkpoint", victim.ID, "error", err)
-			return
+			break
 		}
 		_ = s.rec.remove(victim.ID)
 		removeImages(victim)
 		s.ckpts = append(s.ckpts[:1], s.ckpts[2:]...)
-		if err := s.state.Compact(ctx, s.ckpts[1].StateSeq); err != nil {
-			log.L(ctx).Warn("retention: compact state", "sandbox", s.id, "error", err)
-		}
+		deleted = true
+	}
+	if !deleted {
+		return
+	}
+	if err := s.state.Compact(ctx, s.compactPoint()); err != nil && !errdefs.IsFailedPrecondition(err) {
+		log.L(ctx).Warn("retention: compact state", "sandbox", s.id, "error", err)
 	}
 }
 

@@ -45,8 +45,8 @@ func (o *Orchestrator) Diff(ctx context.Context, id, from, to string) (api.Diff,
 	if d.State, err = s.stateLog(s.ckpts[fi].StateSeq, toSeq); err != nil {
 		return d, err
 	}
-	d.Effects = o.effects.List(id, s.ckpts[fi].EffectsWatermark, toWM)
-	return d, nil
+	d.Effects, err = o.effects.List(ctx, id, s.ckpts[fi].EffectsWatermark, toWM)
+	return d, err
 }
 
 func (s *session) fileDiff(ctx context.Context, from, to string) ([]api.FileChange, error) {
@@ -101,6 +101,10 @@ func (o *Orchestrator) StatePatch(ctx context.Context, id string, ops []state.Op
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	if s.pending != nil { // its redo checks that the state did not move
+		return api.StatePatchResult{}, fmt.Errorf("sandbox %q has a pending rollback to %s: roll back or checkpoint to finish it: %w",
+			id, s.pending.Target, errdefs.ErrFailedPrecondition)
+	}
 	res, err := s.state.Patch(ctx, ops, state.PatchOptions{IfSeq: ifSeq, Checkpoint: s.latest().ID})
 	if err != nil {
 		return api.StatePatchResult{}, fmt.Errorf("patch state of %q: %w", id, err)

@@ -22,8 +22,12 @@ func (o *Orchestrator) ListEffects(ctx context.Context, id, status string) ([]ap
 	if status != "" && !slices.Contains(EffectStatuses, status) {
 		return nil, fmt.Errorf("effect status %q: want one of %v: %w", status, EffectStatuses, errdefs.ErrInvalidArgument)
 	}
+	all, err := o.effects.List(ctx, id, 0, 0)
+	if err != nil {
+		return nil, err
+	}
 	out := []api.Effect{}
-	for _, e := range o.effects.List(id, 0, 0) {
+	for _, e := range all {
 		if status == "" || e.Status == status {
 			out = append(out, e)
 		}

@@ -48,9 +48,6 @@ func (o *Orchestrator) startEgress(ctx context.Context, nopts network.Options) e
 	if err != nil {
 		return fmt.Errorf("egress proxy: %w", err)
 	}
-	if err := p.ResumeCommits(ctx); err != nil {
-		log.L(ctx).Error("resume interrupted commits", "error", err)
-	}
 	gw := o.net.Gateway()
 	if err := o.listenEgress(ctx, p, gw, nopts); err != nil {
 		p.Close()
@@ -58,6 +55,14 @@ func (o *Orchestrator) startEgress(ctx context.Context, nopts network.Options) e
 	}
 	o.proxy = p
 	o.effects = proxyEffects{p: p}
+	// Commits the proxy began for an earlier version (whose commit point was not recorded
+	// first) are finished in the background: a hung upstream must not keep the API down.
+	// The sessions resume their own recorded commits (recover).
+	go func(ctx context.Context) {
+		if err := p.ResumeCommits(ctx); err != nil {
+			log.L(ctx).Error("resume interrupted commits", "error", err)
+		}
+	}(context.WithoutCancel(ctx))
 	return os.WriteFile(filepath.Join(o.opts.Root, "proxy", "ca.pem"), p.CACertPEM(), 0o644)
 }
 
@@ -133,10 +138,8 @@ func ValidatePolicy(doc string) error {
 // proxyEffects adapts the egress proxy to the checkpoint protocol's Effects.
 type proxyEffects struct{ p *proxy.Proxy }
 
-func (e proxyEffects) SetCheckpoint(sandbox, ckpt string) {
-	if err := e.p.SetCheckpoint(context.Background(), sandbox, ckpt); err != nil {
-		log.L(context.Background()).Error("tag effects with checkpoint", "sandbox", sandbox, "checkpoint", ckpt, "error", err)
-	}
+func (e proxyEffects) SetCheckpoint(ctx context.Context, sandbox, ckpt string) error {
+	return e.p.SetCheckpoint(ctx, sandbox, ckpt)
 }
 
 func (e proxyEffects) Watermark(sandbox string) uint64 { return e.p.Watermark(sandbox) }
@@ -149,12 +152,15 @@ func (e proxyEffects) Rollback(ctx context.Context, sandbox string, wm uint64) (
 	return dropped + compensated, err
 }
 
-func (e proxyEffects) Commit(ctx context.Context, sandbox string) (int, int, error) {
-	res, err := e.p.Commit(ctx, sandbox)
+func (e proxyEffects) Commit(ctx context.Context, sandbox string, upto uint64) (int, int, error) {
+	if upto == 0 {
+		return 0, 0, nil // nothing was journaled before the commit point
+	}
+	res, err := e.p.CommitTo(ctx, sandbox, upto)
 	return res.Released, res.Failed, err
 }
 
-func (e proxyEffects) List(sandbox string, from, to uint64) []api.Effect {
+func (e proxyEffects) List(_ context.Context, sandbox string, from, to uint64) ([]api.Effect, error) {
 	var out []api.Effect
 	for _, x := range e.p.Effects(sandbox) {
 		if x.Seq <= from || (to != 0 && x.Seq > to) {
@@ -163,11 +169,9 @@ func (e proxyEffects) List(sandbox string, from, to uint64) []api.Effect {
 		out = append(out, api.Effect{ID: x.ID, Seq: x.Seq, Checkpoint: x.Checkpoint, Method: x.Method, URL: x.URL,
 			Status: string(x.Status), ResponseStatus: x.ResponseStatus, Attempts: x.Attempts, Created: x.Created})
 	}
-	return out
+	return out, nil
 }
 
-func (e proxyEffects) Forget(sandbox string) {
-	if err := e.p.RemoveSandbox(sandbox); err != nil {
-		log.L(context.Background()).Warn("remove effect journal", "sandbox", sandbox, "error", err)
-	}
+func (e proxyEffects) Forget(_ context.Context, sandbox string) error {
+	return e.p.RemoveSandbox(sandbox)
 }

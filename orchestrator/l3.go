@@ -37,7 +37,7 @@ func (o *Orchestrator) criuSpec(cid, dir string) ([]oci.SpecOpts, error) {
 // cutL3 is the frozen window of an L3 checkpoint: CRIU dumps the frozen processes (they stay
 // frozen and keep running afterwards), the upper dir is captured in full while still frozen
 // (CRIU checks file sizes on restore), the state document is saved, then the sandbox thaws.
-func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, *overlay.PendingCapture, error) {
+func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, pendingFiles, error) {
 	if !o.criu.Available {
 		return 0, nil, fmt.Errorf("L3 checkpoints are unavailable on this node: %s: %w", o.criu.Reason, errdefs.ErrFailedPrecondition)
 	}

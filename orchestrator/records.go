@@ -27,6 +27,16 @@ type ckptRecord struct {
 type sessionMeta struct {
 	Next        int    `json:"next"`         // number of the next checkpoint (IDs are never reused)
 	CommitAfter string `json:"commit_after"` // latest checkpoint at the last commit
+	// Committing is the commit in progress: recorded (with CommitAfter moved) before the
+	// first byte is sent, cleared once every effect up to its watermark was sent. Start-up
+	// finishes a commit it finds.
+	Committing *commitIntent `json:"committing,omitempty"`
+}
+
+// commitIntent is a commit that began: the effects with seq <= Upto are being sent.
+type commitIntent struct {
+	Checkpoint string `json:"checkpoint"` // the commit point
+	Upto       uint64 `json:"upto"`       // effect watermark at the commit point
 }
 
 // records keeps a sandbox's meta.json, written atomically (temp file, fsync, rename,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/overlay"
@@ -15,8 +16,10 @@ import (
 )
 
 // Rollback returns a sandbox's files, agent state and held effects to a checkpoint, in place:
-// freeze, stop the processes started since, restore files through the merged mount, undo the
-// state ops, drop the effects, thaw. The checkpoints after the target are discarded.
+// freeze, record the rollback intent, stop the processes started since, drop the effects,
+// restore files through the merged mount, undo the state ops, discard the later checkpoints,
+// clear the intent, thaw. A rollback that fails after its intent was recorded stays pending:
+// it is finished before the sandbox's next checkpoint operation (or at start, after a crash).
 func (o *Orchestrator) Rollback(ctx context.Context, id string, req api.RollbackRequest) (api.RollbackResult, error) {
 	s, err := o.session(ctx, id)
 	if err != nil {
@@ -24,77 +27,86 @@ func (o *Orchestrator) Rollback(ctx context.Context, id string, req api.Rollback
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := o.finishPending(ctx, s); err != nil {
+		return api.RollbackResult{}, err
+	}
 	start := time.Now()
-	i, err := s.rollbackTarget(req)
+	in, err := s.rollbackTarget(req)
 	if err != nil {
 		return api.RollbackResult{}, err
 	}
-	target := s.ckpts[i]
-	res := api.RollbackResult{ID: id, To: target.ID}
-	frozen, err := o.undo(ctx, s, target, &res)
+	res := api.RollbackResult{ID: id, To: in.Target}
+	frozen, err := o.undo(ctx, s, in, &res, true)
 	if err != nil {
-		return res, fmt.Errorf("rollback sandbox %q to %s: %w", id, target.ID, err)
+		return res, fmt.Errorf("rollback sandbox %q to %s: %w", id, in.Target, err)
 	}
-	for _, c := range s.ckpts[i+1:] {
-		_ = s.rec.remove(c.ID)
-		removeImages(c)
-	}
-	s.ckpts = s.ckpts[:i+1]
-	o.effects.SetCheckpoint(s.id, target.ID)
 	res.FrozenMS, res.TotalMS = ms(frozen), ms(time.Since(start))
-	log.L(ctx).Info("sandbox rolled back", "sandbox", id, "checkpoint", target.ID, "files", res.FilesRestored,
+	log.L(ctx).Info("sandbox rolled back", "sandbox", id, "checkpoint", in.Target, "files", res.FilesRestored,
 		"ops", res.OpsUndone, "effects", res.EffectsDropped, "processes", res.ProcessesStopped,
 		"frozen_ms", res.FrozenMS, "total_ms", res.TotalMS)
 	return res, nil
 }
 
-// rollbackTarget validates a rollback request and returns the target's index.
-func (s *session) rollbackTarget(req api.RollbackRequest) (int, error) {
+// rollbackTarget validates a rollback request and returns its intent.
+func (s *session) rollbackTarget(req api.RollbackRequest) (rollbackIntent, error) {
 	to := req.To
 	if to == "" {
 		to = s.latest().ID
 	}
 	i := s.find(to)
 	if i < 0 {
-		return 0, fmt.Errorf("checkpoint %q of sandbox %q: %w", to, s.id, errdefs.ErrNotFound)
+		return rollbackIntent{}, fmt.Errorf("checkpoint %q of sandbox %q: %w", to, s.id, errdefs.ErrNotFound)
 	}
 	if c := s.meta.CommitAfter; c != "" && ckptNum(to) <= ckptNum(c) && !req.Force {
-		return 0, fmt.Errorf("checkpoint %s of sandbox %q is at or before the last commit (checkpoint %s), whose effects were sent; take a new checkpoint, or use --force to roll back files and state anyway: %w",
+		return rollbackIntent{}, fmt.Errorf("checkpoint %s of sandbox %q is at or before the last commit (checkpoint %s), whose effects were sent; take a new checkpoint, or use --force to roll back files and state anyway: %w",
 			to, s.id, c, errdefs.ErrFailedPrecondition)
 	}
-	// The state log must still reach back to the target (compaction drops old history).
-	if _, err := s.state.Log(s.ckpts[i].StateSeq, s.state.Seq()); err != nil {
-		return 0, fmt.Errorf("agent state of checkpoint %s is no longer available: %w", to, err)
+	t := s.ckpts[i]
+	in := rollbackIntent{Target: t.ID, Watermark: t.EffectsWatermark, StateSeq: t.StateSeq, StateFrom: s.state.Seq()}
+	for _, c := range s.ckpts[i+1:] {
+		in.Discard = append(in.Discard, c.ID)
+		if c.Images != "" {
+			in.Images = append(in.Images, c.Images)
+		}
 	}
-	return i, nil
+	// The state log must still reach back to the target (compaction drops old history);
+	// the first checkpoint's document is kept aside for when it does not.
+	if _, err := s.state.Log(t.StateSeq, s.state.Seq()); err != nil {
+		if i != 0 || !s.hasBaseState(t.StateSeq) {
+			return rollbackIntent{}, fmt.Errorf("agent state of checkpoint %s is no longer available: %w", to, err)
+		}
+		in.StateBase = true
+	}
+	return in, nil
 }
 
-// undo runs the frozen part of a rollback and returns how long the sandbox was frozen.
-func (o *Orchestrator) undo(ctx context.Context, s *session, target ckptRecord, res *api.RollbackResult) (time.Duration, error) {
+// undo runs the frozen part of a rollback and returns how long the sandbox was frozen. A new
+// rollback (record) writes its intent before anything changes; a redo finds it on disk.
+// Every step after it is idempotent, so that a redo can run them again.
+func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult, record bool) (time.Duration, error) {
 	if err := s.frz.Freeze(ctx); err != nil {
 		return 0, err
 	}
 	frozenAt := time.Now()
 	defer o.thaw(ctx, s)
-	procs, err := s.frz.Procs()
+	if record {
+		if err := failpoint.Inject("rollback/frozen"); err != nil {
+			return 0, err
+		}
+		if err := s.intents.write(in); err != nil {
+			return 0, err // nothing changed
+		}
+	}
+	err := o.applyRollback(ctx, s, in, res)
+	if err == nil {
+		err = s.intents.clear()
+	}
 	if err != nil {
-		return 0, err
+		s.pending = &in
+		return 0, fmt.Errorf("%w (the rollback is pending: it is finished before the sandbox's next checkpoint, rollback or commit)", err)
 	}
-	if res.ProcessesStopped, err = killNewer(procs, target.Procs); err != nil {
-		return 0, err
-	}
-	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: s.merged(), Upper: s.sb.Layout.Upper,
-		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs))})
-	if err != nil {
-		return 0, fmt.Errorf("restore files: %w", err)
-	}
-	res.FilesRestored = fsRes.FilesRestored
-	if res.OpsUndone, err = s.state.RollbackTo(ctx, target.StateSeq); err != nil {
-		return 0, fmt.Errorf("files restored, but undoing agent state failed: %w", err)
-	}
-	if res.EffectsDropped, err = o.effects.Rollback(ctx, s.id, target.EffectsWatermark); err != nil {
-		return 0, fmt.Errorf("files and state restored, but dropping effects failed: %w", err)
-	}
+	s.pending = nil
+	target := s.ckpts[len(s.ckpts)-1]
 	if target.Level == api.LevelL3 {
 		return time.Since(frozenAt), o.restoreProcesses(ctx, s, target)
 	}
@@ -102,6 +114,100 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, target ckptRecord, 
 		return 0, err
 	}
 	return time.Since(frozenAt), nil
+}
+
+// applyRollback does the steps of a recorded rollback: the processes started since the
+// target are stopped, its later effects dropped (first: they may never be committed), its
+// files and state restored and the later checkpoints discarded. The sandbox is frozen.
+func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult) error {
+	i := s.find(in.Target)
+	if i < 0 {
+		return fmt.Errorf("checkpoint %s is gone: %w", in.Target, errdefs.ErrDataLoss)
+	}
+	target := s.ckpts[i]
+	procs, err := s.frz.Procs()
+	if err != nil {
+		return err
+	}
+	if res.ProcessesStopped, err = killNewer(procs, target.Procs); err != nil {
+		return err
+	}
+	if res.EffectsDropped, err = o.dropEffects(ctx, s, in.Watermark); err != nil {
+		return fmt.Errorf("drop effects: %w", err)
+	}
+	if err := failpoint.Inject("rollback/after-effects"); err != nil {
+		return err
+	}
+	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: s.merged(), Upper: s.sb.Layout.Upper,
+		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs))})
+	if err != nil {
+		return fmt.Errorf("restore files: %w", err)
+	}
+	res.FilesRestored = fsRes.FilesRestored
+	if err := failpoint.Inject("rollback/after-files"); err != nil {
+		return err
+	}
+	if res.OpsUndone, err = s.undoState(ctx, in); err != nil {
+		return fmt.Errorf("files restored, but undoing agent state failed: %w", err)
+	}
+	if err := failpoint.Inject("rollback/after-state"); err != nil {
+		return err
+	}
+	for _, id := range in.Discard {
+		_ = s.rec.remove(id)
+	}
+	for _, dir := range in.Images {
+		removeImages(ckptRecord{Images: dir})
+	}
+	s.ckpts = s.ckpts[:i+1]
+	if err := o.effects.SetCheckpoint(ctx, s.id, target.ID); err != nil {
+		return err
+	}
+	return failpoint.Inject("rollback/before-clear")
+}
+
+// dropEffects drops the held effects after watermark. It asks the proxy only when there is
+// something to drop, so that a rollback that drops nothing never waits for a commit that is
+// sending.
+func (o *Orchestrator) dropEffects(ctx context.Context, s *session, watermark uint64) (int, error) {
+	after, err := o.effects.List(ctx, s.id, watermark, 0)
+	if err != nil {
+		return 0, err
+	}
+	todo := false
+	for _, e := range after {
+		todo = todo || e.Status == "held" || e.Status == "passed"
+	}
+	if !todo {
+		return 0, nil
+	}
+	return o.effects.Rollback(ctx, s.id, watermark)
+}
+
+// undoState returns the agent state to the target's. A redo after a crash finds it done
+// when the state moved since the rollback began (only the rollback moves it meanwhile).
+func (s *session) undoState(ctx context.Context, in rollbackIntent) (int, error) {
+	if s.state.Seq() != in.StateFrom {
+		return 0, nil
+	}
+	if in.StateBase {
+		return s.restoreBaseState(ctx)
+	}
+	return s.state.RollbackTo(ctx, in.StateSeq)
+}
+
+// finishPending redoes a rollback that failed after it began. Callers hold s.mu.
+func (o *Orchestrator) finishPending(ctx context.Context, s *session) error {
+	if s.pending == nil {
+		return nil
+	}
+	in := *s.pending
+	log.L(ctx).Info("finishing a pending rollback", "sandbox", s.id, "checkpoint", in.Target)
+	var res api.RollbackResult
+	if _, err := o.undo(ctx, s, in, &res, false); err != nil {
+		return fmt.Errorf("sandbox %q has a pending rollback to %s that cannot be finished yet: %w", s.id, in.Target, err)
+	}
+	return nil
 }
 
 // merged is the sandbox's root as its init sees it, the merged overlay mount.
@@ -140,29 +246,4 @@ func (o *Orchestrator) resetFiles(ctx context.Context, sb pool.Sandbox) error {
 	_, err = s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: s.merged(), Upper: sb.Layout.Upper,
 		Lower: sb.Layout.Lower, Target: s.ckpts[0].ID})
 	return err
-}
-
-// Commit releases the sandbox's held effects and moves its commit point to the latest
-// checkpoint: later rollbacks may not go to it or before it without force.
-func (o *Orchestrator) Commit(ctx context.Context, id string) (api.CommitResult, error) {
-	s, err := o.session(ctx, id)
-	if err != nil {
-		return api.CommitResult{}, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	res := api.CommitResult{ID: id, Checkpoint: s.latest().ID}
-	res.EffectsReleased, res.EffectsFailed, err = o.effects.Commit(ctx, id)
-	if err != nil {
-		return res, fmt.Errorf("commit sandbox %q: %w", id, err)
-	}
-	meta := s.meta
-	meta.CommitAfter = res.Checkpoint
-	if err := s.rec.writeMeta(meta); err != nil {
-		return res, fmt.Errorf("record commit point of %q: %w", id, err)
-	}
-	s.meta = meta
-	log.L(ctx).Info("sandbox committed", "sandbox", id, "checkpoint", res.Checkpoint,
-		"released", res.EffectsReleased, "failed", res.EffectsFailed)
-	return res, nil
 }

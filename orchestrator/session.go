@@ -22,18 +22,22 @@ import (
 // session is the checkpoint side of one leased sandbox: its layer store, agent state, effect
 // watermarks and checkpoint records, all under <root>/sandboxes/<id>/.
 type session struct {
-	// mu serialises checkpoint, rollback and commit (write lock); state patches take the read
-	// lock so that they run concurrently with each other but never across a cut.
-	mu    sync.RWMutex
-	id    string
-	sb    pool.Sandbox
-	dir   string
-	fs    *overlay.Store
-	state *state.Store
-	rec   records
-	meta  sessionMeta
-	ckpts []ckptRecord // oldest first
-	frz   pool.Freezer
+	// mu serialises checkpoints, rollbacks and a commit's cut (write lock); state patches
+	// take the read lock so that they run concurrently with each other but never across a
+	// cut. A commit sends its effects without it: the commit point already protects the cut.
+	mu       sync.RWMutex
+	commitMu sync.Mutex // one commit at a time; taken before mu
+	id       string
+	sb       pool.Sandbox
+	dir      string
+	fs       fileStore
+	state    stateStore
+	rec      records
+	meta     sessionMeta
+	ckpts    []ckptRecord // oldest first
+	frz      freezer
+	intents  *intentLog
+	pending  *rollbackIntent // a rollback that failed after it began; finished before anything else
 
 	ready     chan struct{} // closed once open finished
 	openErr   error
@@ -69,45 +73,62 @@ func (o *Orchestrator) startSessionWith(ctx context.Context, sb pool.Sandbox, do
 }
 
 func (o *Orchestrator) openSession(ctx context.Context, s *session, doc json.RawMessage) error {
-	if err := s.frz.Thaw(); err != nil { // a crash may have left it frozen
-		return err
-	}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("create session dir: %w", err)
 	}
 	if err := o.registerEgress(ctx, s.sb); err != nil {
 		return fmt.Errorf("register with the egress proxy: %w", err)
 	}
+	if err := o.openStores(ctx, s); err != nil {
+		return err
+	}
+	// A crash may have left the sandbox frozen, in the middle of a rollback: finish it
+	// before the sandbox runs again.
+	if err := o.recover(ctx, s); err != nil {
+		return err
+	}
+	if l := s.latest(); l != nil { // resumed after a restart: effects carry its tag again
+		if err := o.effects.SetCheckpoint(ctx, s.id, l.ID); err != nil {
+			return fmt.Errorf("tag effects with checkpoint %s: %w", l.ID, err)
+		}
+	}
+	if len(s.ckpts) == 0 {
+		if err := s.seedState(ctx, doc); err != nil {
+			return err
+		}
+		if _, err := o.checkpoint(ctx, s, api.CheckpointRequest{Level: api.LevelL1, Message: "lease"}); err != nil {
+			return err
+		}
+		if err := s.saveBaseState(); err != nil {
+			return err
+		}
+	}
 	var err error
+	s.stopServe, err = o.serveSelf(ctx, s)
+	return err
+}
+
+// openStores opens the session's layer store, agent state, records and intent file.
+func (o *Orchestrator) openStores(ctx context.Context, s *session) error {
 	var opts []overlay.Option
 	if o.opts.WalkUpperDirs {
 		opts = append(opts, overlay.WithoutTracking())
 	}
-	if s.fs, err = overlay.NewStore(filepath.Join(s.dir, "layers"), opts...); err != nil {
+	fs, err := overlay.NewStore(filepath.Join(s.dir, "layers"), opts...)
+	if err != nil {
 		return err
 	}
+	s.fs = overlayFiles{fs}
 	if s.state, err = state.Open(ctx, filepath.Join(s.dir, "state")); err != nil {
 		return err
 	}
 	if s.meta, err = s.rec.readMeta(); err != nil {
 		return fmt.Errorf("read session meta: %w", err)
 	}
-	if err := s.loadCheckpoints(ctx); err != nil {
+	if s.intents, err = openIntents(s.dir); err != nil {
 		return err
 	}
-	if l := s.latest(); l != nil { // resumed after a restart: effects carry its tag again
-		o.effects.SetCheckpoint(s.id, l.ID)
-	}
-	if len(s.ckpts) == 0 {
-		if err := s.seedState(ctx, doc); err != nil {
-			return err
-		}
-		if _, err = o.checkpoint(ctx, s, api.CheckpointRequest{Level: api.LevelL1, Message: "lease"}); err != nil {
-			return err
-		}
-	}
-	s.stopServe, err = o.serveSelf(ctx, s)
-	return err
+	return s.loadCheckpoints(ctx)
 }
 
 // loadCheckpoints reads the checkpoint records, which live in the layer store's packs (a
@@ -187,6 +208,7 @@ func (s *session) close() error {
 	if s.state != nil {
 		errs = append(errs, s.state.Close())
 	}
+	errs = append(errs, s.intents.close())
 	return errors.Join(errs...)
 }
 
@@ -222,7 +244,9 @@ func (o *Orchestrator) endSession(ctx context.Context, id string) {
 	if err := s.close(); err != nil {
 		log.L(ctx).Warn("close session", "sandbox", id, "error", err)
 	}
-	o.effects.Forget(id)
+	if err := o.effects.Forget(ctx, id); err != nil {
+		log.L(ctx).Warn("remove effect journal", "sandbox", id, "error", err)
+	}
 	if err := os.RemoveAll(s.dir); err != nil {
 		log.L(ctx).Warn("remove session dir", "sandbox", id, "error", err)
 	}

@@ -100,7 +100,7 @@ func (o *Orchestrator) packageSnapshot(ctx context.Context, s *session, ck api.C
 		}},
 		{MediaRootfsDiff, "rootfs.tar.zst", true, func(w io.Writer) error { return s.fs.Export(ctx, ck.ID, w) }},
 		{MediaStateDocument, "state.json.zst", true, func(w io.Writer) error { _, err := w.Write(doc); return err }},
-		{MediaEffects, "effects.json.zst", true, jsonBlob(o.effects.List(s.id, 0, 0))},
+		{MediaEffects, "effects.json.zst", true, o.effectsBlob(ctx, s.id)},
 	}
 	var blobs []blob
 	for _, step := range steps {

@@ -31,6 +31,13 @@ func IdempotencyKey(effectID string) string { return "deltabox-" + effectID }
 // records the commit and each effect's "sending" state first, so that ResumeCommits finishes
 // an interrupted commit after a crash. An error (e.g. a cancelled ctx) leaves the rest held.
 func (p *Proxy) Commit(ctx context.Context, sandboxID string) (CommitResult, error) {
+	return p.CommitTo(ctx, sandboxID, 0)
+}
+
+// CommitTo is Commit of the effects with seq <= upto only (0: every effect held now): the
+// caller fixed the cut earlier, e.g. the watermark at its commit point, and effects recorded
+// since stay held. Calling it again with the same upto finishes an interrupted commit.
+func (p *Proxy) CommitTo(ctx context.Context, sandboxID string, upto uint64) (CommitResult, error) {
 	j, err := p.journalFor(ctx, sandboxID, false)
 	if errdefs.IsNotFound(err) && checkID(sandboxID) == nil {
 		return CommitResult{}, nil // nothing was ever held
@@ -41,7 +48,9 @@ func (p *Proxy) Commit(ctx context.Context, sandboxID string) (CommitResult, err
 	j.op.Lock()
 	defer j.op.Unlock()
 	j.mu.Lock()
-	upto := j.seq
+	if upto == 0 || upto > j.seq {
+		upto = j.seq
+	}
 	j.mu.Unlock()
 	if err := j.append(&record{Type: recCommit, Upto: upto}, true); err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s: %w", sandboxID, err)

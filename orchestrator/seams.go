@@ -1,0 +1,72 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+
+	"github.com/deltabox/deltabox/orchestrator/state"
+	"github.com/deltabox/deltabox/overlay"
+	"github.com/deltabox/deltabox/pool"
+)
+
+// The seams of a session: the checkpoint protocol (checkpoint, rollback, commit, retention,
+// recovery at start) is written against these small interfaces, so that its rules are tested
+// with fakes, without root. The daemon uses pool.Freezer, overlay.Store (through
+// overlayFiles) and state.Store.
+
+// freezer freezes and thaws one sandbox's processes.
+type freezer interface {
+	Freeze(ctx context.Context) error
+	Thaw() error
+	Procs() ([]pool.Proc, error)
+}
+
+// fileStore keeps a sandbox's file checkpoints (overlay.Store).
+type fileStore interface {
+	Checkpoints() []string
+	Meta(id string) ([]byte, error)
+	Prepare(ctx context.Context, req overlay.CaptureRequest) (pendingFiles, error)
+	Rollback(ctx context.Context, req overlay.RollbackRequest) (*overlay.RollbackResult, error)
+	Delete(ctx context.Context, id string) error
+	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
+	Export(ctx context.Context, id string, w io.Writer) error
+	Verify(ctx context.Context, id, merged string, opts ...overlay.VerifyOption) ([]overlay.Mismatch, error)
+	Close() error
+}
+
+// pendingFiles is a prepared file capture, committed with the checkpoint record or aborted.
+type pendingFiles interface {
+	Changed() (files int, bytes int64)
+	Commit(meta []byte) (*overlay.CaptureResult, error)
+	Abort()
+}
+
+// overlayFiles is the daemon's fileStore.
+type overlayFiles struct{ *overlay.Store }
+
+func (f overlayFiles) Prepare(ctx context.Context, req overlay.CaptureRequest) (pendingFiles, error) {
+	p, err := f.Store.Prepare(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// stateStore keeps a sandbox's agent state (state.Store).
+type stateStore interface {
+	Seq() uint64
+	Get(pointer string) (json.RawMessage, error)
+	Patch(ctx context.Context, ops []state.Op, opt state.PatchOptions) (state.PatchResult, error)
+	RollbackTo(ctx context.Context, seq uint64) (int, error)
+	Log(from, to uint64) ([]state.Entry, error)
+	Compact(ctx context.Context, keep uint64) error
+	Verify(ctx context.Context) error
+	Close() error
+}
+
+var (
+	_ freezer    = pool.Freezer{}
+	_ fileStore  = overlayFiles{}
+	_ stateStore = (*state.Store)(nil)
+)
