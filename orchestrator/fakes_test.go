@@ -1,0 +1,299 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/orchestrator/state"
+	"github.com/deltabox/deltabox/overlay"
+	"github.com/deltabox/deltabox/pool"
+)
+
+// The fakes stand for the session's seams (seams.go); they keep their "disk" in memory, so
+// that a second session opened on the same fakes sees what the first one left: a restart.
+
+type fakeFreezer struct {
+	mu     sync.Mutex
+	frozen bool
+	procs  []pool.Proc
+}
+
+func (f *fakeFreezer) Freeze(context.Context) error { f.set(true); return nil }
+func (f *fakeFreezer) Thaw() error                  { f.set(false); return nil }
+func (f *fakeFreezer) Procs() ([]pool.Proc, error)  { return f.procs, nil }
+func (f *fakeFreezer) set(v bool)                   { f.mu.Lock(); f.frozen = v; f.mu.Unlock() }
+func (f *fakeFreezer) isFrozen() bool               { f.mu.Lock(); defer f.mu.Unlock(); return f.frozen }
+
+// fakeFiles is a layer store: a chain of checkpoints with their records, and "files", the
+// checkpoint the live tree equals (or "dirty").
+type fakeFiles struct {
+	ids       []string
+	meta      map[string][]byte
+	files     string
+	rollbacks int
+	failRoll  error
+	deleted   []string
+}
+
+func newFakeFiles() *fakeFiles { return &fakeFiles{meta: map[string][]byte{}} }
+
+func (f *fakeFiles) Checkpoints() []string          { return slices.Clone(f.ids) }
+func (f *fakeFiles) Meta(id string) ([]byte, error) { return f.meta[id], nil }
+func (f *fakeFiles) Prepare(_ context.Context, req overlay.CaptureRequest) (pendingFiles, error) {
+	return &fakePending{f: f, id: req.ID}, nil
+}
+func (f *fakeFiles) Rollback(_ context.Context, req overlay.RollbackRequest) (*overlay.RollbackResult, error) {
+	if err := f.failRoll; err != nil {
+		f.failRoll = nil
+		return nil, err
+	}
+	i := slices.Index(f.ids, req.Target)
+	if i < 0 {
+		return nil, fmt.Errorf("checkpoint %s: %w", req.Target, errdefs.ErrNotFound)
+	}
+	f.ids, f.files = f.ids[:i+1], req.Target
+	f.rollbacks++
+	return &overlay.RollbackResult{FilesRestored: 1}, nil
+}
+func (f *fakeFiles) Delete(_ context.Context, id string) error {
+	f.ids = slices.DeleteFunc(f.ids, func(x string) bool { return x == id })
+	f.deleted = append(f.deleted, id)
+	return nil
+}
+func (f *fakeFiles) Diff(context.Context, string, string) ([]overlay.DiffEntry, error) { return nil, nil }
+func (f *fakeFiles) Export(context.Context, string, io.Writer) error                  { return nil }
+func (f *fakeFiles) Verify(context.Context, string, string, ...overlay.VerifyOption) ([]overlay.Mismatch, error) {
+	return nil, nil
+}
+func (f *fakeFiles) Close() error { return nil }
+
+type fakePending struct {
+	f  *fakeFiles
+	id string
+}
+
+func (p *fakePending) Changed() (int, int64) { return 0, 0 }
+func (p *fakePending) Abort()                {}
+func (p *fakePending) Commit(meta []byte) (*overlay.CaptureResult, error) {
+	p.f.ids = append(p.f.ids, p.id)
+	p.f.meta[p.id] = meta
+	p.f.files = p.id
+	return &overlay.CaptureResult{ID: p.id}, nil
+}
+
+// fakeState keeps a history of seq numbers (no document) with a compaction base; a patch
+// or rollback marker takes the next seq, like state.Store.
+type fakeState struct {
+	base    uint64
+	hist    []uint64 // points after base
+	next    uint64
+	doc     string
+	failRB  error
+	patches int
+}
+
+func (s *fakeState) Seq() uint64 {
+	if len(s.hist) == 0 {
+		return s.base
+	}
+	return s.hist[len(s.hist)-1]
+}
+func (s *fakeState) Get(string) (json.RawMessage, error) { return json.Marshal(s.doc) }
+func (s *fakeState) Patch(_ context.Context, ops []state.Op, _ state.PatchOptions) (state.PatchResult, error) {
+	s.next++
+	s.hist = append(s.hist, s.next)
+	s.patches++
+	if len(ops) == 1 && ops[0].Path == "" {
+		_ = json.Unmarshal(ops[0].Value, &s.doc)
+	}
+	return state.PatchResult{Seq: s.next, Applied: len(ops)}, nil
+}
+func (s *fakeState) RollbackTo(_ context.Context, seq uint64) (int, error) {
+	if err := s.failRB; err != nil {
+		s.failRB = nil
+		return 0, err
+	}
+	if seq < s.base {
+		return 0, fmt.Errorf("rollback to %d: the log was compacted up to %d: %w", seq, s.base, errdefs.ErrFailedPrecondition)
+	}
+	if seq == s.Seq() {
+		return 0, nil
+	}
+	i := slices.Index(s.hist, seq) + 1
+	n := len(s.hist) - i
+	s.next++
+	s.hist = append(s.hist[:i], s.next)
+	return n, nil
+}
+func (s *fakeState) Log(from, to uint64) ([]state.Entry, error) {
+	if from < s.base {
+		return nil, fmt.Errorf("log from %d: compacted up to %d: %w", from, s.base, errdefs.ErrFailedPrecondition)
+	}
+	return nil, nil
+}
+func (s *fakeState) Compact(_ context.Context, keep uint64) error {
+	if keep < s.base {
+		return fmt.Errorf("compact to %d: already compacted to %d: %w", keep, s.base, errdefs.ErrFailedPrecondition)
+	}
+	i := 0
+	for i < len(s.hist) && s.hist[i] <= keep {
+		i++
+	}
+	s.base, s.hist = keep, s.hist[i:]
+	return nil
+}
+func (s *fakeState) Verify(context.Context) error { return nil }
+func (s *fakeState) Close() error                 { return nil }
+
+// fakeEffects is a journal of effects with seqs; sent counts deliveries by effect seq.
+type fakeEffects struct {
+	mu       sync.Mutex
+	effects  []api.Effect
+	sent     map[uint64]int
+	ckpt     string
+	onCommit func(upto uint64) error // runs before sending
+}
+
+func newFakeEffects() *fakeEffects { return &fakeEffects{sent: map[uint64]int{}} }
+
+func (e *fakeEffects) hold() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.effects = append(e.effects, api.Effect{Seq: uint64(len(e.effects) + 1), Status: "held", Checkpoint: e.ckpt})
+}
+func (e *fakeEffects) SetCheckpoint(_ context.Context, _, ckpt string) error {
+	e.mu.Lock()
+	e.ckpt = ckpt
+	e.mu.Unlock()
+	return nil
+}
+func (e *fakeEffects) Watermark(string) uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return uint64(len(e.effects))
+}
+func (e *fakeEffects) Rollback(_ context.Context, _ string, wm uint64) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for i := range e.effects {
+		if e.effects[i].Seq > wm && e.effects[i].Status == "held" {
+			e.effects[i].Status = "dropped"
+			n++
+		}
+	}
+	return n, nil
+}
+func (e *fakeEffects) Commit(_ context.Context, _ string, upto uint64) (int, int, error) {
+	if e.onCommit != nil {
+		if err := e.onCommit(upto); err != nil {
+			return 0, 0, err
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for i := range e.effects {
+		if x := &e.effects[i]; x.Seq <= upto && x.Status == "held" {
+			x.Status = "released"
+			e.sent[x.Seq]++
+			n++
+		}
+	}
+	return n, 0, nil
+}
+func (e *fakeEffects) List(_ context.Context, _ string, from, to uint64) ([]api.Effect, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []api.Effect
+	for _, x := range e.effects {
+		if x.Seq > from && (to == 0 || x.Seq <= to) {
+			out = append(out, x)
+		}
+	}
+	return out, nil
+}
+func (e *fakeEffects) Forget(context.Context, string) error { return nil }
+
+func (e *fakeEffects) status(seq uint64) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.effects[seq-1].Status
+}
+
+// rig is an orchestrator with one session on fakes.
+type rig struct {
+	t   *testing.T
+	o   *Orchestrator
+	s   *session
+	dir string
+	frz *fakeFreezer
+	fs  *fakeFiles
+	st  *fakeState
+	fx  *fakeEffects
+}
+
+func newRig(t *testing.T, retain int) *rig {
+	t.Helper()
+	r := &rig{t: t, dir: t.TempDir(), frz: &fakeFreezer{}, fs: newFakeFiles(), st: &fakeState{}, fx: newFakeEffects()}
+	r.o = &Orchestrator{opts: Options{Retain: retain}, effects: r.fx, sessions: map[string]*session{}}
+	r.reopen()
+	if _, err := r.o.checkpoint(context.Background(), r.s, api.CheckpointRequest{Message: "lease"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.s.saveBaseState(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// reopen opens the session again on the same fakes and directory, as a restarted daemon
+// does (recover included).
+func (r *rig) reopen() {
+	r.t.Helper()
+	if r.s != nil {
+		_ = r.s.intents.close()
+	}
+	s := &session{id: "sb", dir: r.dir, rec: records{dir: r.dir}, frz: r.frz, fs: r.fs, state: r.st, ready: make(chan struct{})}
+	var err error
+	if s.meta, err = s.rec.readMeta(); err != nil {
+		r.t.Fatal(err)
+	}
+	if s.intents, err = openIntents(r.dir); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := s.loadCheckpoints(context.Background()); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := r.o.recover(context.Background(), s); err != nil {
+		r.t.Fatal(err)
+	}
+	close(s.ready)
+	r.o.sessions["sb"] = s
+	r.s = s
+	r.t.Cleanup(func() { _ = s.intents.close() })
+}
+
+func (r *rig) checkpoint() string {
+	r.t.Helper()
+	c, err := r.o.Checkpoint(context.Background(), "sb", api.CheckpointRequest{})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return c.ID
+}
+
+func (r *rig) patch() {
+	r.t.Helper()
+	if _, err := r.o.StatePatch(context.Background(), "sb", []state.Op{{Op: state.OpAdd, Path: "/x", Value: json.RawMessage("1")}}, nil); err != nil {
+		r.t.Fatal(err)
+	}
+}

@@ -1,0 +1,303 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/failpoint"
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+func TestRollbackTargetCommitPointAndForce(t *testing.T) {
+	r := newRig(t, 64)
+	r.fx.hold()
+	c2 := r.checkpoint()
+	if _, err := r.o.Commit(context.Background(), "sb"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.s.rollbackTarget(api.RollbackRequest{To: c2}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("unforced rollback to the commit point: %v, want failed precondition", err)
+	}
+	if _, err := r.s.rollbackTarget(api.RollbackRequest{To: "1"}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("unforced rollback before the commit point: %v, want failed precondition", err)
+	}
+	if _, err := r.s.rollbackTarget(api.RollbackRequest{To: c2, Force: true}); err != nil {
+		t.Fatalf("forced rollback: %v", err)
+	}
+	c3 := r.checkpoint()
+	if _, err := r.s.rollbackTarget(api.RollbackRequest{To: c3}); err != nil {
+		t.Fatalf("rollback after the commit point: %v", err)
+	}
+	if _, err := r.s.rollbackTarget(api.RollbackRequest{To: "99"}); !errdefs.IsNotFound(err) {
+		t.Fatalf("unknown checkpoint: %v", err)
+	}
+}
+
+func TestRollbackTargetCompactedLog(t *testing.T) {
+	r := newRig(t, 64)
+	r.patch()
+	c2 := r.checkpoint()
+	r.patch()
+	c3 := r.checkpoint()
+	r.st.base = r.s.ckpts[2].StateSeq // compacted past checkpoint 2
+	if _, err := r.s.rollbackTarget(api.RollbackRequest{To: c2}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("rollback to a compacted checkpoint: %v, want failed precondition", err)
+	}
+	if _, err := r.s.rollbackTarget(api.RollbackRequest{To: c3}); err != nil {
+		t.Fatal(err)
+	}
+	// The lease checkpoint stays reachable through its kept document.
+	in, err := r.s.rollbackTarget(api.RollbackRequest{To: "1"})
+	if err != nil || !in.StateBase {
+		t.Fatalf("rollback to the lease checkpoint: %+v, %v; want the kept document", in, err)
+	}
+}
+
+// TestRetentionKeepsLeaseCheckpoint is issue 12.8: after more checkpoints than Retain, the
+// always-kept first checkpoint can still be rolled back to, state included.
+func TestRetentionKeepsLeaseCheckpoint(t *testing.T) {
+	r := newRig(t, 3)
+	r.st.doc = "" // the lease document
+	for i := 0; i < 10; i++ {
+		r.patch()
+		r.checkpoint()
+	}
+	if len(r.s.ckpts) != 3 || r.s.ckpts[0].ID != "1" {
+		t.Fatalf("retained %v, want 3 with the first", ids(r.s.ckpts))
+	}
+	if r.st.base <= r.s.ckpts[0].StateSeq {
+		t.Fatalf("state never compacted (base %d)", r.st.base)
+	}
+	if r.st.base > r.s.ckpts[1].StateSeq {
+		t.Fatalf("compacted to %d, past checkpoint %s (seq %d)", r.st.base, r.s.ckpts[1].ID, r.s.ckpts[1].StateSeq)
+	}
+	r.st.doc = "dirty"
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: "1"}); err != nil {
+		t.Fatalf("rollback to the lease checkpoint after retention: %v", err)
+	}
+	if r.st.doc != "" {
+		t.Fatalf("state after rollback to the lease: %q, want the lease document", r.st.doc)
+	}
+}
+
+// TestRetentionWithoutKeptDocument: a session of an older version (no kept document) is
+// compacted only up to the first checkpoint.
+func TestRetentionWithoutKeptDocument(t *testing.T) {
+	r := newRig(t, 3)
+	if err := os.Remove(filepath.Join(r.dir, baseStateFile)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 6; i++ {
+		r.patch()
+		r.checkpoint()
+	}
+	if r.st.base > r.s.ckpts[0].StateSeq {
+		t.Fatalf("compacted to %d past the first checkpoint (seq %d)", r.st.base, r.s.ckpts[0].StateSeq)
+	}
+	if _, err := r.s.rollbackTarget(api.RollbackRequest{To: "1"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCommitPointBeforeSend is issue 12.1: when the first effect is sent the commit point is
+// already durable; a commit that fails mid-way keeps it, and start-up finishes the commit
+// with the same cut.
+func TestCommitPointBeforeSend(t *testing.T) {
+	r := newRig(t, 64)
+	r.fx.hold()
+	c2 := r.checkpoint()
+	r.fx.hold() // after the latest checkpoint, before the commit: sent too
+	var seen sessionMeta
+	r.fx.onCommit = func(upto uint64) error {
+		var err error
+		seen, err = r.s.rec.readMeta()
+		if err != nil {
+			return err
+		}
+		return errors.New("connection reset")
+	}
+	if _, err := r.o.Commit(context.Background(), "sb"); err == nil {
+		t.Fatal("commit with a failing send succeeded")
+	}
+	if seen.CommitAfter != c2 || seen.Committing == nil || seen.Committing.Upto != 2 {
+		t.Fatalf("meta on disk at the first send: %+v, want commit point %s and a commit up to 2", seen, c2)
+	}
+	if _, err := r.s.rollbackTarget(api.RollbackRequest{To: c2}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("rollback across a half-sent commit: %v, want refused", err)
+	}
+	r.fx.hold() // after the commit began: not part of it
+	r.fx.onCommit = nil
+	r.reopen() // start-up resumes the commit in the background
+	waitFor(t, func() bool { return r.fx.status(2) == "released" })
+	waitFor(t, func() bool { m, _ := r.s.rec.readMeta(); return m.Committing == nil })
+	if r.fx.status(3) != "held" {
+		t.Fatalf("effect recorded after the commit began: %s, want held", r.fx.status(3))
+	}
+	if r.s.meta.CommitAfter != c2 {
+		t.Fatalf("commit point after resume: %q, want %s", r.s.meta.CommitAfter, c2)
+	}
+}
+
+// TestCommitDoesNotBlockOnHungSend is issue 12.6: checkpoints, patches and rollbacks (after
+// the commit point) go on while a commit's send hangs.
+func TestCommitDoesNotBlockOnHungSend(t *testing.T) {
+	r := newRig(t, 64)
+	r.fx.hold()
+	r.checkpoint()
+	hung, release := make(chan struct{}), make(chan struct{})
+	r.fx.onCommit = func(uint64) error { close(hung); <-release; return nil }
+	done := make(chan error, 1)
+	go func() { _, err := r.o.Commit(context.Background(), "sb"); done <- err }()
+	<-hung
+	ok := make(chan struct{})
+	go func() {
+		defer close(ok)
+		r.patch()
+		c := r.checkpoint()
+		r.fx.hold()
+		if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c}); err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case <-ok:
+	case <-time.After(5 * time.Second):
+		t.Fatal("checkpoint, patch or rollback blocked behind a hung commit")
+	}
+	if r.fx.status(2) != "dropped" {
+		t.Fatalf("effect after the new checkpoint: %s, want dropped", r.fx.status(2))
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if r.fx.status(1) != "released" || r.fx.sent[2] != 0 {
+		t.Fatalf("after the commit: effect 1 %s, effect 2 sent %d times", r.fx.status(1), r.fx.sent[2])
+	}
+}
+
+// TestRollbackIntentRedo is issue 12.2: a rollback that dies after its files were restored
+// (state and effects not yet) is finished at start, before the sandbox runs.
+func TestRollbackIntentRedo(t *testing.T) {
+	for _, point := range []string{"rollback/after-effects", "rollback/after-files", "rollback/after-state", "rollback/before-clear"} {
+		t.Run(point, func(t *testing.T) {
+			r := newRig(t, 64)
+			c2 := r.checkpoint()
+			r.patch()
+			r.fx.hold()
+			r.checkpoint()
+			from := r.st.Seq()
+			t.Cleanup(failpoint.Reset)
+			if err := failpoint.Enable(point, "error"); err != nil {
+				t.Fatal(err)
+			}
+			_, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2})
+			if !errors.Is(err, failpoint.ErrInjected) {
+				t.Fatalf("rollback = %v, want the injected failure", err)
+			}
+			failpoint.Reset()
+			r.frz.set(true) // as a killed daemon leaves it
+			r.reopen()
+			if r.frz.isFrozen() {
+				t.Fatal("sandbox still frozen after start-up")
+			}
+			if r.fs.files != c2 || r.st.Seq() == from || r.fx.status(1) != "dropped" {
+				t.Fatalf("after redo: files at %s, state seq %d (was %d), effect %s; want all at %s",
+					r.fs.files, r.st.Seq(), from, r.fx.status(1), c2)
+			}
+			if got := ids(r.s.ckpts); len(got) != 2 {
+				t.Fatalf("checkpoints after redo: %v, want the later one discarded", got)
+			}
+			if in, _ := r.s.intents.read(); in != nil || r.s.pending != nil {
+				t.Fatalf("intent left after redo: %+v", in)
+			}
+			// The redo is done once: the state is not rolled back again.
+			seq := r.st.Seq()
+			r.reopen()
+			if r.st.Seq() != seq {
+				t.Fatal("second start redid the rollback")
+			}
+		})
+	}
+}
+
+// TestRollbackPendingOnFullDisk: a rollback whose state step fails (ENOSPC) after the files
+// were rewritten does not leave the sandbox torn for good: it is pending (patches and
+// commits refused, nothing sent), and the next operation finishes it.
+func TestRollbackPendingOnFullDisk(t *testing.T) {
+	r := newRig(t, 64)
+	c2 := r.checkpoint()
+	r.patch()
+	r.fx.hold()
+	r.st.failRB = syscall.ENOSPC
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("rollback on a full disk = %v", err)
+	}
+	if r.frz.isFrozen() {
+		t.Fatal("sandbox left frozen")
+	}
+	if _, err := r.o.StatePatch(context.Background(), "sb", nil, nil); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("patch during a pending rollback = %v, want refused", err)
+	}
+	if _, err := r.o.Commit(context.Background(), "sb"); err != nil {
+		t.Fatal(err)
+	}
+	if r.fx.sent[1] != 0 || r.fx.status(1) != "dropped" {
+		t.Fatalf("rolled-back effect: %s, sent %d times", r.fx.status(1), r.fx.sent[1])
+	}
+	if r.s.pending != nil || r.st.Seq() == 0 {
+		t.Fatal("the commit did not finish the pending rollback first")
+	}
+}
+
+func TestLoadCheckpoints(t *testing.T) {
+	r := newRig(t, 64)
+	c2 := r.checkpoint()
+	// An older version's record file for a pack without a record in it.
+	r.fs.ids = append(r.fs.ids, "3")
+	legacy, _ := json.Marshal(ckptRecord{Checkpoint: api.Checkpoint{ID: "3", Level: api.LevelL1}})
+	if err := os.WriteFile(filepath.Join(r.dir, "ckpt-3.json"), legacy, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A stale record without a pack, and a pack without any record (crash mid-checkpoint).
+	stale, _ := json.Marshal(ckptRecord{Checkpoint: api.Checkpoint{ID: "7", Level: api.LevelL1}})
+	if err := os.WriteFile(filepath.Join(r.dir, "ckpt-7.json"), stale, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.fs.ids = append(r.fs.ids, "4")
+	r.reopen()
+	if got := ids(r.s.ckpts); len(got) != 3 || got[1] != c2 || got[2] != "3" {
+		t.Fatalf("loaded %v, want [1 %s 3]", got, c2)
+	}
+	if len(r.fs.deleted) != 1 || r.fs.deleted[0] != "4" {
+		t.Fatalf("deleted packs %v, want [4]", r.fs.deleted)
+	}
+	if _, err := os.Stat(filepath.Join(r.dir, "ckpt-7.json")); !os.IsNotExist(err) {
+		t.Fatal("stale record kept")
+	}
+}
+
+func ids(cs []ckptRecord) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = c.ID
+	}
+	return out
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 5 s")
+		}
+	}
+}
