@@ -68,12 +68,15 @@ func (f *fakeFiles) Delete(_ context.Context, id string) error {
 	f.deleted = append(f.deleted, id)
 	return nil
 }
-func (f *fakeFiles) Diff(context.Context, string, string) ([]overlay.DiffEntry, error) { return nil, nil }
-func (f *fakeFiles) Export(context.Context, string, io.Writer) error                  { return nil }
+func (f *fakeFiles) Diff(context.Context, string, string) ([]overlay.DiffEntry, error) {
+	return nil, nil
+}
+func (f *fakeFiles) Export(context.Context, string, io.Writer) error { return nil }
 func (f *fakeFiles) Verify(context.Context, string, string, ...overlay.VerifyOption) ([]overlay.Mismatch, error) {
 	return nil, nil
 }
-func (f *fakeFiles) Close() error { return nil }
+func (f *fakeFiles) Scrub(context.Context) ([]overlay.Damage, error) { return nil, nil }
+func (f *fakeFiles) Close() error                                    { return nil }
 
 type fakePending struct {
 	f  *fakeFiles

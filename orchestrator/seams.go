@@ -32,6 +32,7 @@ type fileStore interface {
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error
 	Verify(ctx context.Context, id, merged string, opts ...overlay.VerifyOption) ([]overlay.Mismatch, error)
+	Scrub(ctx context.Context) ([]overlay.Damage, error)
 	Close() error
 }
 
