@@ -1,40 +1,84 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errhttp"
 )
 
+// everyClass is every errdefs class with the code it must travel as.
+var everyClass = []struct {
+	err  error
+	code string
+}{
+	{errdefs.ErrNotFound, CodeNotFound},
+	{errdefs.ErrInvalidArgument, CodeInvalidArgument},
+	{errdefs.ErrAlreadyExists, CodeConflict},
+	{errdefs.ErrConflict, CodeConflict},
+	{errdefs.ErrNotModified, CodeNotModified},
+	{errdefs.ErrFailedPrecondition, CodeFailedPrecondition},
+	{errdefs.ErrUnavailable, CodeUnavailable},
+	{errdefs.ErrPermissionDenied, CodePermissionDenied},
+	{errdefs.ErrUnauthenticated, CodeUnauthenticated},
+	{errdefs.ErrResourceExhausted, CodeResourceExhausted},
+	{errdefs.ErrDataLoss, CodeDataLoss},
+	{errdefs.ErrNotImplemented, CodeNotImplemented},
+	{context.Canceled, CodeCanceled},
+	{context.DeadlineExceeded, CodeDeadlineExceeded},
+	{errdefs.ErrAborted, CodeAborted},
+	{errdefs.ErrOutOfRange, CodeOutOfRange},
+	{errdefs.ErrInternal, CodeInternal},
+	{errdefs.ErrUnknown, CodeUnknown},
+}
+
 func TestErrorRoundTrip(t *testing.T) {
-	cases := []struct {
-		err    error
-		code   string
-		status int
-	}{
-		{errdefs.ErrNotFound, CodeNotFound, http.StatusNotFound},
-		{errdefs.ErrInvalidArgument, CodeInvalidArgument, http.StatusBadRequest},
-		{errdefs.ErrAlreadyExists, CodeConflict, http.StatusConflict},
-		{errdefs.ErrConflict, CodeConflict, http.StatusConflict},
-		{errdefs.ErrFailedPrecondition, CodeFailedPrecondition, http.StatusPreconditionFailed},
-		{errdefs.ErrUnavailable, CodeUnavailable, http.StatusServiceUnavailable},
-		{errors.New("boom"), CodeInternal, http.StatusInternalServerError},
-	}
-	for _, c := range cases {
+	for _, c := range everyClass {
 		wrapped := fmt.Errorf("sandbox %q: %w", "sb1", c.err)
 		code, status := FromError(wrapped)
-		if code != c.code || status != c.status {
-			t.Errorf("%v: got %s/%d, want %s/%d", c.err, code, status, c.code, c.status)
+		if code != c.code {
+			t.Errorf("%v: code %s, want %s", c.err, code, c.code)
 		}
 		back := ToError(Error{Code: code, Message: wrapped.Error()})
 		if back.Error() != wrapped.Error() {
 			t.Errorf("message changed: %q -> %q", wrapped, back)
 		}
-		if again, _ := FromError(back); again != code {
-			t.Errorf("round trip of %s gave %s", code, again)
+		if !errors.Is(back, c.err) {
+			t.Errorf("%s came back as %v, not of class %T", code, back, c.err)
 		}
+		if again, st := FromError(back); again != code || st != status {
+			t.Errorf("round trip of %s/%d gave %s/%d", code, status, again, st)
+		}
+	}
+	if code, _ := FromError(errors.New("boom")); code != CodeInternal {
+		t.Errorf("an unclassified error is %s, want internal", code)
+	}
+}
+
+// TestErrorStatusesAreContainerds checks the statuses against containerd's own HTTP mapping
+// for every class it maps (not_modified excepted: a 304 carries no body).
+func TestErrorStatusesAreContainerds(t *testing.T) {
+	for _, c := range everyClass {
+		want := errhttp.ToHTTP(c.err)
+		if c.err == errdefs.ErrNotModified || want == http.StatusInternalServerError {
+			continue // errhttp has no status of its own for this class
+		}
+		if _, status := FromError(c.err); status != want {
+			t.Errorf("%s: status %d, errhttp says %d", c.code, status, want)
+		}
+	}
+}
+
+func TestUnknownCodeTakesTheStatusClass(t *testing.T) {
+	err := ToErrorStatus(Error{Code: "quota_gone", Message: "m"}, http.StatusTooManyRequests)
+	if !errdefs.IsResourceExhausted(err) {
+		t.Errorf("unknown code with 429 gave %v, want resource exhausted", err)
+	}
+	if err := ToError(Error{Code: "quota_gone", Message: "m"}); !errdefs.IsUnknown(err) {
+		t.Errorf("unknown code in a stream gave %v, want unknown", err)
 	}
 }

@@ -107,7 +107,7 @@ func (c *Client) stream(ctx context.Context, path string, body any, onProgress f
 	for {
 		var ev api.StreamEvent
 		if err := dec.Decode(&ev); err != nil {
-			return ev, fmt.Errorf("stream ended without a result: %w", err)
+			return ev, fmt.Errorf("stream ended without a result: %w", ctxErr(ctx, err))
 		}
 		switch {
 		case ev.Error != nil:

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errhttp"
 
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
@@ -96,6 +97,11 @@ func (c *Client) sendRaw(ctx context.Context, method, path string, body io.Reade
 	if uerr := (*url.Error)(nil); errors.As(err, &uerr) {
 		err = uerr.Err
 	}
+	if err != nil && ctx.Err() != nil {
+		// The caller gave up (cancelled, or its deadline passed): say so, keeping
+		// context.Canceled or context.DeadlineExceeded, not "cannot reach the daemon".
+		return nil, fmt.Errorf("%s %s: %w", method, path, ctxErr(ctx, err))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the DeltaBox daemon at %s (is `deltabox daemon` running?): %v: %w",
 			c.address, err, errdefs.ErrUnavailable)
@@ -111,7 +117,16 @@ func decodeError(resp *http.Response) error {
 	var body api.ErrorBody
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err := json.Unmarshal(data, &body); err != nil || body.Error.Code == "" {
-		return fmt.Errorf("daemon answered %s: %s: %w", resp.Status, bytes.TrimSpace(data), errdefs.ErrInternal)
+		return fmt.Errorf("daemon answered %s: %s: %w", resp.Status, bytes.TrimSpace(data), errhttp.ToNative(resp.StatusCode))
 	}
-	return api.ToError(body.Error)
+	return api.ToErrorStatus(body.Error, resp.StatusCode)
+}
+
+// ctxErr returns err so that errors.Is finds ctx's error in it (context.Canceled or
+// context.DeadlineExceeded), whatever the transport made of the cancellation.
+func ctxErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%v: %w", err, cerr)
+	}
+	return err
 }

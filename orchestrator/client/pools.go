@@ -83,7 +83,11 @@ func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest, stdin
 		return api.ExitStatus{}, err
 	}
 	defer resp.Body.Close()
-	return readExecEvents(resp.Body, stdout, stderr)
+	st, err := readExecEvents(resp.Body, stdout, stderr)
+	if err != nil {
+		return st, ctxErr(ctx, err)
+	}
+	return st, nil
 }
 
 func readExecEvents(r io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error) {
