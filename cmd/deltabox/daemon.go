@@ -34,15 +34,16 @@ import (
 const shutdownTimeout = 30 * time.Second
 
 func daemonCommand() *cli.Command {
+	def := config.Default() // the flags' help quotes the defaults; default.toml holds them
 	return &cli.Command{
 		Name:  "daemon",
 		Usage: "run the DeltaBox node agent (as root)",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config file (see `deltabox config default`)"},
-			&cli.StringFlag{Name: "root", Usage: "state root (default from config: /var/lib/deltabox)"},
-			&cli.StringFlag{Name: "address", Usage: "API socket to listen on (default from config: /run/deltabox/deltabox.sock)"},
-			&cli.StringFlag{Name: "containerd-address", Usage: "containerd socket (default from config: /run/containerd/containerd.sock)"},
-			&cli.StringFlag{Name: "namespace", Usage: "containerd namespace (default from config: deltabox)"},
+			&cli.StringFlag{Name: "root", Usage: "state root (default from config: " + def.Root + ")"},
+			&cli.StringFlag{Name: "address", Usage: "API socket to listen on (default from config: " + def.Address + ")"},
+			&cli.StringFlag{Name: "containerd-address", Usage: "containerd socket (default from config: " + def.Containerd.Address + ")"},
+			&cli.StringFlag{Name: "namespace", Usage: "containerd namespace (default from config: " + def.Containerd.Namespace + ")"},
 			&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error"},
 			&cli.StringFlag{Name: "init-binary", Usage: "static deltabox-init (default: next to this binary)"},
 		},

@@ -115,9 +115,9 @@ var defaultTOML string
 // DefaultText returns the commented default configuration.
 func DefaultText() string { return defaultTOML }
 
-// Default returns the default configuration.
+// Default returns the default configuration: default.toml is the only place defaults live.
 func Default() Config {
-	c, err := Parse([]byte(defaultTOML), "default.toml")
+	c, err := decode([]byte(defaultTOML), "built-in default.toml", Config{})
 	if err != nil {
 		panic(fmt.Sprintf("built-in default config is invalid: %v", err))
 	}
@@ -133,13 +133,16 @@ func Load(path string) (Config, error) {
 	return Parse(data, path)
 }
 
-// Parse decodes TOML config text named name on top of the defaults.
+// Parse decodes TOML config text named name on top of the defaults; the text must say its
+// version.
 func Parse(data []byte, name string) (Config, error) {
-	c := Config{}
-	if name != "default.toml" {
-		c = Default()
-		c.Version = 0
-	}
+	base := Default()
+	base.Version = 0
+	return decode(data, name, base)
+}
+
+// decode decodes TOML text named name over c and validates the result.
+func decode(data []byte, name string, c Config) (Config, error) {
 	md, err := toml.Decode(string(data), &c)
 	if err != nil {
 		return Config{}, fmt.Errorf("config %s: %v: %w", name, err, errdefs.ErrInvalidArgument)

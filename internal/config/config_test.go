@@ -2,6 +2,9 @@ package config
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -54,5 +57,27 @@ func TestTrackChanges(t *testing.T) {
 	c, err := Parse([]byte("version = 1\n[checkpoints]\ntrack_changes = false\n"), "t.toml")
 	if err != nil || c.Checkpoints.TrackChanges || c.Checkpoints.Retain != Default().Checkpoints.Retain {
 		t.Fatalf("track_changes = false: %+v, %v", c.Checkpoints, err)
+	}
+}
+
+// TestFileNamedDefaultKeepsDefaults: a config file called default.toml is a config file like
+// any other, laid over the built-in defaults (it used to be decoded onto nothing).
+func TestFileNamedDefaultKeepsDefaults(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	text := "version = 1\nroot = \"/srv/db\"\n[log]\nlevel = \"debug\"\n"
+	if err := os.WriteFile("default.toml", []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"default.toml", "./default.toml", filepath.Join(dir, "default.toml")} {
+		c, err := Load(path)
+		if err != nil {
+			t.Fatalf("load %s: %v", path, err)
+		}
+		want := Default()
+		want.Root, want.Log.Level = "/srv/db", "debug"
+		if !reflect.DeepEqual(c, want) {
+			t.Errorf("load %s:\n got  %+v\n want %+v", path, c, want)
+		}
 	}
 }
