@@ -19,8 +19,10 @@ var errTestFailed = errors.New("test failed")
 // op, copied for "copy", and old values are encoded into inverse ops at once, so no caller ever
 // holds a reference into it.
 type document struct {
-	root any
-	size int64
+	root     any
+	size     int64
+	maxSize  int64 // per op, in applyOps (0: none)
+	maxDepth int   // per op, in applyOps and on replay (0: none)
 }
 
 func newDocument(root any) (*document, error) {
@@ -390,7 +392,7 @@ func (d *document) applyOp(c compiledOp) ([]Op, error) {
 func (d *document) applyOps(ops []compiledOp, src []Op) ([][]Op, error) {
 	invs := make([][]Op, 0, len(ops))
 	for i, c := range ops {
-		inv, err := d.applyOp(c)
+		inv, err := d.applyChecked(c)
 		if err == nil {
 			invs = append(invs, inv)
 			continue
@@ -405,6 +407,26 @@ func (d *document) applyOps(ops []compiledOp, src []Op) ([][]Op, error) {
 		return nil, opError(i, src[i], err, class)
 	}
 	return invs, nil
+}
+
+// applyChecked is applyOp within the document's depth and size limits: an op past either is
+// refused (undone, when its size is known only after it applied).
+func (d *document) applyChecked(c compiledOp) ([]Op, error) {
+	if err := d.checkDepth(c); err != nil {
+		return nil, err
+	}
+	before := d.size
+	inv, err := d.applyOp(c)
+	if err != nil {
+		return nil, err
+	}
+	if serr := d.checkSize(before); serr != nil {
+		if uerr := d.applyList(inv); uerr != nil {
+			return nil, fmt.Errorf("undo: %w: %w", uerr, errdefs.ErrInternal)
+		}
+		return nil, serr
+	}
+	return inv, nil
 }
 
 // undo applies the inverse lists newest first. It fails only if the document no longer matches

@@ -4,18 +4,32 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
-// FuzzApplyInverse applies one op to a document. If the op fails, the document must be
-// unchanged; if it applies, the tracked size must match the encoding, and its inverse (after
-// a round trip through JSON, as through the log) must restore the original exactly.
+// The fuzz document's limits, small so that the fuzzer reaches them.
+const (
+	fuzzMaxDepth = 16
+	fuzzMaxSize  = 4096
+)
+
+// FuzzApplyInverse applies one op to a document held to a depth and a size limit. If the op
+// fails, the document must be unchanged; if it applies, the tracked size must match the
+// encoding, the document must be within both limits (unless it started past them and the op
+// did not grow it), and its inverse (after a round trip through JSON, as through the log)
+// must restore the original exactly.
 // The seed corpus is every (document, op) pair of the conformance tables, so plain `go test`
 // runs them; `go test -fuzz FuzzApplyInverse` explores further.
 func FuzzApplyInverse(f *testing.F) {
 	for _, seed := range fuzzSeeds(f) {
 		f.Add(seed[0], seed[1])
 	}
+	// Ops that deepen or grow the document towards the fuzz limits.
+	f.Add([]byte(`{"a":{"x":{"x":{"x":{"x":{"x":{"x":{"x":{}}}}}}}}}`), []byte(`{"op":"copy","from":"/a","path":"/a/x/x/x/x/x/x/x/x"}`))
+	f.Add([]byte(`{"a":{"x":{}}}`), []byte(`{"op":"move","from":"/a","path":"/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/q"}`))
+	f.Add([]byte(`[[]]`), []byte(`{"op":"append","path":"/0","value":[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]}`))
+	f.Add([]byte(`{"s":"`+strings.Repeat("x", 3000)+`"}`), []byte(`{"op":"copy","from":"/s","path":"/t"}`))
 	f.Fuzz(func(t *testing.T, docRaw, opRaw []byte) {
 		root, err := decodeValue(docRaw)
 		if err != nil {
@@ -37,12 +51,20 @@ func FuzzApplyInverse(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		inv, err := d.applyOp(c)
+		d.maxDepth, d.maxSize = fuzzMaxDepth, fuzzMaxSize
+		wasDeep := deeperThan(root, fuzzMaxDepth)
+		inv, err := d.applyChecked(c)
 		if err != nil {
 			requireDoc(t, d, orig, "after a failed op")
 			return
 		}
 		requireDoc(t, d, nil, "after the op")
+		if !wasDeep && deeperThan(d.root, fuzzMaxDepth) {
+			t.Fatalf("%s made the document deeper than %d levels", opRaw, fuzzMaxDepth)
+		}
+		if d.size > fuzzMaxSize && d.size > int64(len(orig)) {
+			t.Fatalf("%s grew the document to %d bytes, past the limit of %d", opRaw, d.size, fuzzMaxSize)
+		}
 		var back []Op
 		if err := json.Unmarshal([]byte(mustJSON(t, inv)), &back); err != nil {
 			t.Fatalf("inverse %s does not decode: %v", mustJSON(t, inv), err)

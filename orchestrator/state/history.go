@@ -86,7 +86,7 @@ type rebuilt struct {
 }
 
 // rebuild loads dir's snapshot and replays the log records after it. It does not modify dir.
-func rebuild(dir string) (*rebuilt, error) {
+func rebuild(dir string, maxDepth int) (*rebuilt, error) {
 	snapSeq, root, err := readSnapshot(dir)
 	if err != nil {
 		return nil, err
@@ -103,6 +103,7 @@ func rebuild(dir string) (*rebuilt, error) {
 	if err != nil {
 		return nil, err
 	}
+	doc.maxDepth = maxDepth
 	r := &rebuilt{core: core{doc: doc}, snapSeq: snapSeq, valid: valid, logLen: len(data)}
 	for i, rec := range recs {
 		if err := r.replay(rec, i == 0); err != nil {
@@ -141,13 +142,27 @@ func (r *rebuilt) replayPatch(entries []Entry) error {
 			return fmt.Errorf("seq %d does not follow %d", e.Seq, r.hist.last())
 		}
 		if e.Seq > r.snapSeq {
-			if err := r.doc.applyList([]Op{e.Op}); err != nil {
+			if err := r.replayOp(e.Op); err != nil {
 				return fmt.Errorf("seq %d: %w", e.Seq, err)
 			}
 		}
 		r.hist.items = append(r.hist.items, item{seq: e.Seq, entry: e})
 	}
 	return nil
+}
+
+// replayOp applies one logged op within the depth limit: a log written without it (or with
+// a larger one) is refused rather than rebuilt into a document too deep to walk.
+func (r *rebuilt) replayOp(o Op) error {
+	c, err := compileOp(o, 0)
+	if err != nil {
+		return err
+	}
+	if err := r.doc.checkDepth(c); err != nil {
+		return err
+	}
+	_, err = r.doc.applyOp(c)
+	return err
 }
 
 func (r *rebuilt) replayRollback(rec record) error {

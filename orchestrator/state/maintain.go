@@ -171,7 +171,7 @@ func (s *Store) Verify(ctx context.Context) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
-	r, err := rebuild(s.dir)
+	r, err := rebuild(s.dir, s.opts.maxDepth)
 	if err != nil {
 		return fmt.Errorf("verify: rebuild: %w", err)
 	}

@@ -29,6 +29,7 @@ type options struct {
 	maxDocSize    int64
 	maxValueSize  int
 	maxOps        int
+	maxDepth      int
 }
 
 // Option configures Open.
@@ -76,7 +77,7 @@ type Store struct {
 // most one Store at a time (flock); a second Open fails with errdefs.ErrUnavailable.
 func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 	o := options{snapshotEvery: DefaultSnapshotEvery, maxDocSize: DefaultMaxDocumentSize,
-		maxValueSize: DefaultMaxValueSize, maxOps: DefaultMaxOpsPerPatch}
+		maxValueSize: DefaultMaxValueSize, maxOps: DefaultMaxOpsPerPatch, maxDepth: DefaultMaxDepth}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -100,7 +101,7 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 }
 
 func openLocked(ctx context.Context, dir string, o options) (*Store, error) {
-	r, err := rebuild(dir)
+	r, err := rebuild(dir, o.maxDepth)
 	if err != nil {
 		return nil, err
 	}
@@ -116,6 +117,7 @@ func openLocked(ctx context.Context, dir string, o options) (*Store, error) {
 		l.Close()
 		return nil, err
 	}
+	r.doc.maxSize = o.maxDocSize
 	s := &Store{dir: dir, opts: o, ctx: context.WithoutCancel(ctx), core: r.core, log: l, logLen: int64(r.valid)}
 	s.commit.f = l
 	s.snapSeq.Store(r.snapSeq)

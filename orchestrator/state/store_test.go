@@ -352,7 +352,7 @@ func TestSnapshotBoundsReplay(t *testing.T) {
 	if seq, _, err := readSnapshot(dir); err != nil || seq != 36 {
 		t.Fatalf("snapshot seq = %d, %v; want 36", seq, err)
 	}
-	r, err := rebuild(dir)
+	r, err := rebuild(dir, DefaultMaxDepth)
 	if err != nil || r.snapSeq != 36 {
 		t.Fatalf("rebuild from snapshot: %v", err)
 	}
