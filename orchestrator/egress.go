@@ -117,6 +117,18 @@ func (o *Orchestrator) registerEgress(ctx context.Context, sb pool.Sandbox) erro
 	return o.proxy.RegisterSandbox(ip, proxy.SandboxConfig{ID: sb.ID, Policy: policy})
 }
 
+// expectEffects tells the proxy the journal watermark the sandbox's latest checkpoint
+// recorded: a journal that lost effects (missing or cut short) is marked damaged and its
+// commits are refused.
+func (o *Orchestrator) expectEffects(ctx context.Context, id string, wm uint64) {
+	if o.proxy == nil {
+		return
+	}
+	if err := o.proxy.ExpectWatermark(ctx, id, wm); err != nil {
+		log.L(ctx).Error("effect journal lost effects", "sandbox", id, "error", err)
+	}
+}
+
 func (o *Orchestrator) unregisterEgress(sb pool.Sandbox) {
 	if o.proxy == nil || sb.IP == "" {
 		return

@@ -91,6 +91,7 @@ func (o *Orchestrator) openSession(ctx context.Context, s *session, doc json.Raw
 		if err := o.effects.SetCheckpoint(ctx, s.id, l.ID); err != nil {
 			return fmt.Errorf("tag effects with checkpoint %s: %w", l.ID, err)
 		}
+		o.expectEffects(ctx, s.id, l.EffectsWatermark)
 	}
 	if len(s.ckpts) == 0 {
 		if err := s.seedState(ctx, doc); err != nil {

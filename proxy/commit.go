@@ -51,7 +51,11 @@ func (p *Proxy) CommitTo(ctx context.Context, sandboxID string, upto uint64) (Co
 	if upto == 0 || upto > j.seq {
 		upto = j.seq
 	}
+	derr := j.damageError()
 	j.mu.Unlock()
+	if derr != nil {
+		return CommitResult{}, fmt.Errorf("commit %s: %w", sandboxID, derr)
+	}
 	if err := j.append(&record{Type: recCommit, Upto: upto}, true); err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s: %w", sandboxID, err)
 	}

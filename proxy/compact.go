@@ -17,7 +17,7 @@ import (
 // journal of compactMin bytes or more, Commit and Rollback rewrite it: every effect keeps its
 // record and status, an effect that is done loses its request body and headers (and its
 // compensating request unless a rollback may still send it), and held or sending effects stay
-// whole. The new file is written beside the old one, synced and renamed over it, so a crash
+// whole. A damaged journal is never compacted: its bytes are the evidence. The new file is written beside the old one, synced and renamed over it, so a crash
 // leaves one or the other.
 
 // compactMin is the journal size below which compaction is not worth a rewrite.
@@ -57,7 +57,7 @@ func (j *journal) maybeCompact(ctx context.Context) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	before := j.size
-	if j.f == nil || j.err != nil || before < compactMin || 2*j.reclaimable() < before {
+	if j.f == nil || j.err != nil || len(j.damaged) > 0 || before < compactMin || 2*j.reclaimable() < before {
 		return
 	}
 	if err := j.compact(); err != nil {
@@ -91,7 +91,7 @@ func (j *journal) compact() error {
 		return fmt.Errorf("write compacted journal: %w", err)
 	}
 	fresh := &journal{path: j.path, byID: map[string]*effectState{}}
-	if good := fresh.replay(data); good != int64(len(data)) || len(fresh.effects) != len(j.effects) || fresh.seq != j.seq {
+	if good, dmg := fresh.replay(data); good != int64(len(data)) || len(dmg) > 0 || len(fresh.effects) != len(j.effects) || fresh.seq != j.seq {
 		return fmt.Errorf("compacted journal %s does not replay to the same effects: %w", j.path, errdefs.ErrDataLoss)
 	}
 	if err := os.Rename(tmp.Name(), j.path); err != nil {

@@ -56,6 +56,46 @@ func (p *Proxy) SetCheckpoint(ctx context.Context, sandboxID, ckpt string) error
 	return nil
 }
 
+// ExpectWatermark tells the proxy that a checkpoint of the sandbox recorded its journal's
+// watermark as seq. A journal with fewer effects (its file missing, or cut short) lost
+// effects the sandbox was told were held: it is marked damaged, durably, so that the
+// sandbox's commits are refused (errdefs.ErrDataLoss naming the lost sequence numbers) and
+// new effects never reuse those numbers.
+func (p *Proxy) ExpectWatermark(ctx context.Context, sandboxID string, seq uint64) error {
+	if seq == 0 {
+		return nil
+	}
+	j, err := p.journalFor(ctx, sandboxID, true)
+	if err != nil {
+		return err
+	}
+	j.mu.Lock()
+	have := j.seq
+	j.mu.Unlock()
+	if have >= seq {
+		return nil
+	}
+	why := fmt.Sprintf("a checkpoint recorded effects up to seq %d, the journal has %d (its file was missing or cut short)", seq, have)
+	if err := j.append(&record{Type: recDamage, Upto: seq, Error: why}, true); err != nil {
+		return fmt.Errorf("mark journal of %s damaged: %w", sandboxID, err)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.damageError()
+}
+
+// Damage returns the errdefs.ErrDataLoss error describing the damage of the sandbox's
+// journal, or nil if it is intact.
+func (p *Proxy) Damage(sandboxID string) error {
+	j, err := p.journalFor(context.Background(), sandboxID, false)
+	if err != nil {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.damageError()
+}
+
 // Watermark returns the sequence number of the sandbox's newest effect (0 if none). A
 // checkpoint records it; Rollback to that checkpoint undoes every effect above it.
 func (p *Proxy) Watermark(sandboxID string) uint64 {

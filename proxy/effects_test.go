@@ -295,51 +295,6 @@ func TestResumeCommitAfterCrash(t *testing.T) {
 	}
 }
 
-func TestJournalTornTail(t *testing.T) {
-	up := newUpstream(t, false)
-	e := newEnv(t)
-	e.register(2, "sb-a", basePolicy(up.hostPort()))
-	c := e.client(2)
-	holdPOST(t, c, up.URL+"/one", "1")
-	holdPOST(t, c, up.URL+"/two", "2")
-	e.close()
-	path := filepath.Join(e.dir, "journal", "sb-a.journal")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, n1, _ := decodeRecord(data)
-	// Tear the second record: keep its header and half its payload.
-	torn := data[:n1+(len(data)-n1)/2]
-	if err := os.WriteFile(path, torn, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e2 := newEnvAt(t, e.dir)
-	effs := e2.p.Effects("sb-a")
-	if len(effs) != 1 || !strings.HasSuffix(effs[0].URL, "/one") {
-		t.Fatalf("after tear: %+v", effs)
-	}
-	if st, _ := os.Stat(path); st.Size() != int64(n1) {
-		t.Fatalf("journal is %d bytes, want torn tail cut at %d", st.Size(), n1)
-	}
-	e2.register(2, "sb-a", basePolicy(up.hostPort()))
-	holdPOST(t, e2.client(2), up.URL+"/three", "3")
-	e2.close()
-	e3 := newEnvAt(t, e.dir)
-	effs = e3.p.Effects("sb-a")
-	if len(effs) != 2 || effs[1].Seq != 2 || !strings.HasSuffix(effs[1].URL, "/three") {
-		t.Fatalf("after append: %+v", effs)
-	}
-	// A flipped byte in the last record is a torn tail too.
-	data, _ = os.ReadFile(path)
-	data[len(data)-3] ^= 0xff
-	_ = os.WriteFile(path, data, 0o600)
-	e3.close()
-	if effs := newEnvAt(t, e.dir).p.Effects("sb-a"); len(effs) != 1 {
-		t.Fatalf("after corruption: %+v", effs)
-	}
-}
-
 func TestRemoveSandbox(t *testing.T) {
 	up := newUpstream(t, false)
 	e := newEnv(t)

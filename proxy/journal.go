@@ -3,12 +3,12 @@ package proxy
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,21 +18,6 @@ import (
 	"github.com/deltabox/deltabox/internal/log"
 )
 
-// A journal file is a sequence of records, each framed as
-//
-//	uint32 little-endian payload length | uint32 CRC-32C of the payload | JSON payload
-//
-// appended, and rewritten only by compaction (a new file renamed over the old one). A record
-// that is short or fails its checksum is a torn tail from a crash: it and everything after it
-// are cut off when the journal is opened.
-
-const (
-	frameHeader = 8
-	maxRecord   = 256 << 20
-)
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // Record types.
 const (
 	recEffect     = "effect"
@@ -40,6 +25,7 @@ const (
 	recCheckpoint = "checkpoint"
 	recCommit     = "commit"
 	recCommitDone = "commit_done"
+	recDamage     = "damage" // the journal is known to lack records up to Upto (Error says why)
 )
 
 type record struct {
@@ -93,9 +79,11 @@ type journal struct {
 	op    sync.Mutex // serializes Commit and Rollback of the sandbox
 
 	mu      sync.Mutex
-	f       *os.File
+	f       journalFile
 	size    int64
-	err     error // sticky: set when an fsync failed
+	err     error  // sticky: set when an fsync failed or a partial record could not be cut off
+	damaged []span // bytes that do not decode, with intact records after them (journal_scan.go)
+	missing string // why the journal is known to lack records (ExpectWatermark), "" if not
 	written uint64
 	seq     uint64
 	ckpt    string
@@ -107,11 +95,21 @@ type journal struct {
 	synced atomic.Uint64
 }
 
-// openJournal opens (or creates) a journal and replays it, cutting off a torn tail.
+// journalFile is the journal's open file; tests substitute failing ones.
+type journalFile interface {
+	io.ReaderAt
+	Write(p []byte) (int, error)
+	Truncate(size int64) error
+	Sync() error
+	Close() error
+}
+
+// openJournal opens (or creates, durably) a journal and replays it, cutting off a torn tail
+// and marking damage (journal_scan.go).
 func openJournal(ctx context.Context, path string) (*journal, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	f, err := openJournalFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("open journal: %w", err)
+		return nil, err
 	}
 	j := &journal{path: path, f: f, byID: map[string]*effectState{}}
 	data, err := io.ReadAll(f)
@@ -119,7 +117,7 @@ func openJournal(ctx context.Context, path string) (*journal, error) {
 		f.Close()
 		return nil, fmt.Errorf("read journal %s: %w", path, err)
 	}
-	good := j.replay(data)
+	good, dmg := j.replay(data)
 	if good < int64(len(data)) {
 		log.L(ctx).Warn("journal: dropping torn tail", "path", path, "offset", good, "bytes", int64(len(data))-good)
 		if err := truncateSync(f, good); err != nil {
@@ -127,63 +125,38 @@ func openJournal(ctx context.Context, path string) (*journal, error) {
 			return nil, fmt.Errorf("truncate torn journal %s: %w", path, err)
 		}
 	}
-	j.size = good
+	j.size, j.damaged = good, dmg
+	if err := j.damageError(); err != nil {
+		log.L(ctx).Error("journal: damaged; its sandbox's commits are refused", "path", path, "error", err)
+	}
 	return j, nil
 }
 
-func truncateSync(f *os.File, size int64) error {
+// openJournalFile opens a journal file for appending; a new one's directory entry is synced
+// before anything is appended, so that a synced record cannot vanish with its file.
+func openJournalFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
+	if err == nil {
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("sync journal dir: %w", err)
+		}
+		return f, nil
+	}
+	if !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("open journal: %w", err)
+	}
+	if f, err = os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0o600); err != nil {
+		return nil, fmt.Errorf("open journal: %w", err)
+	}
+	return f, nil
+}
+
+func truncateSync(f journalFile, size int64) error {
 	if err := f.Truncate(size); err != nil {
 		return err
 	}
 	return f.Sync()
-}
-
-// replay applies every whole record of data and returns the offset after the last one.
-func (j *journal) replay(data []byte) int64 {
-	var off int64
-	for {
-		rec, n, ok := decodeRecord(data[off:])
-		if !ok {
-			return off
-		}
-		j.apply(rec, off, int64(n))
-		off += int64(n)
-	}
-}
-
-func encodeRecord(r *record) ([]byte, error) {
-	payload, err := json.Marshal(r)
-	if err != nil {
-		return nil, fmt.Errorf("encode journal record: %w", err)
-	}
-	if len(payload) > maxRecord {
-		return nil, fmt.Errorf("journal record of %d bytes: %w", len(payload), errdefs.ErrResourceExhausted)
-	}
-	buf := make([]byte, frameHeader, frameHeader+len(payload))
-	binary.LittleEndian.PutUint32(buf[0:4], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(buf[4:8], crc32.Checksum(payload, castagnoli))
-	return append(buf, payload...), nil
-}
-
-// decodeRecord decodes the record at the start of data; ok is false for a short, corrupt or
-// undecodable record.
-func decodeRecord(data []byte) (rec *record, n int, ok bool) {
-	if len(data) < frameHeader {
-		return nil, 0, false
-	}
-	size := int(binary.LittleEndian.Uint32(data[0:4]))
-	if size > maxRecord || len(data) < frameHeader+size {
-		return nil, 0, false
-	}
-	payload := data[frameHeader : frameHeader+size]
-	if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(data[4:8]) {
-		return nil, 0, false
-	}
-	rec = &record{}
-	if err := json.Unmarshal(payload, rec); err != nil || rec.Type == "" {
-		return nil, 0, false
-	}
-	return rec, frameHeader + size, true
 }
 
 // apply updates the in-memory index with a record of size bytes written at off. Callers hold
@@ -207,6 +180,8 @@ func (j *journal) apply(r *record, off, size int64) {
 		j.pending = r.Upto
 	case recCommitDone:
 		j.pending = 0
+	case recDamage:
+		j.missing, j.seq = r.Error, max(j.seq, r.Upto)
 	}
 }
 
@@ -263,8 +238,13 @@ func (j *journal) write(r *record) (uint64, error) {
 		return 0, fmt.Errorf("journal %s is full (%d bytes): %w", j.path, j.limit, errdefs.ErrResourceExhausted)
 	}
 	if _, err := j.f.Write(buf); err != nil {
-		_ = j.f.Truncate(j.size) // do not leave a partial record in front of later ones
-		return 0, fmt.Errorf("write journal %s: %w: %w", j.path, errdefs.ErrUnavailable, err)
+		err = fmt.Errorf("write journal %s: %w: %w", j.path, errdefs.ErrUnavailable, err)
+		if terr := j.f.Truncate(j.size); terr != nil {
+			// A partial record may stay in front of later ones: append nothing more.
+			j.err = fmt.Errorf("%w; cutting off the partial record failed too, the journal takes no more records: %w", err, terr)
+			return 0, j.err
+		}
+		return 0, err
 	}
 	j.apply(r, j.size, int64(len(buf)))
 	j.size += int64(len(buf))
@@ -312,7 +292,7 @@ func (j *journal) load(st *effectState) (*storedEffect, error) {
 }
 
 // readEffect reads the effect record of st from f.
-func readEffect(f *os.File, st *effectState) (*storedEffect, error) {
+func readEffect(f io.ReaderAt, st *effectState) (*storedEffect, error) {
 	var hdr [frameHeader]byte
 	if _, err := f.ReadAt(hdr[:], st.off); err != nil {
 		return nil, fmt.Errorf("read effect %s: %w", st.ID, err)
