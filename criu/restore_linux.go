@@ -13,6 +13,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/deltabox/deltabox/internal/log"
 )
@@ -48,7 +49,9 @@ func (c *Checkpointer) Restore(ctx context.Context, id, dir string, ioc cio.Crea
 	return task, nil
 }
 
-// restoreTarget checks the images against this node and the container, and loads it.
+// restoreTarget checks the images against this node and the container (compatibility,
+// cgroup, file locks, and that no process gains privileges the container's spec does not
+// grant), and loads it.
 func (c *Checkpointer) restoreTarget(ctx context.Context, id, dir string) (containerd.Container, error) {
 	meta, err := ReadMeta(dir)
 	if err != nil {
@@ -66,8 +69,15 @@ func (c *Checkpointer) restoreTarget(ctx context.Context, id, dir string) (conta
 	} else if !errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("restore container %s: %w", id, err)
 	}
-	if err := checkCgroup(ctx, ctr, meta); err != nil {
+	spec, err := ctr.Spec(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("spec of container %s: %w", id, err)
+	}
+	if err := checkCgroup(ctr, spec, meta); err != nil {
 		return nil, err
+	}
+	if err := CheckCreds(dir, spec); err != nil {
+		return nil, fmt.Errorf("restore container %s: %w", id, err)
 	}
 	if err := checkFileLocks(ctx, ctr, dir); err != nil {
 		return nil, err
@@ -77,13 +87,9 @@ func (c *Checkpointer) restoreTarget(ctx context.Context, id, dir string) (conta
 
 // checkCgroup refuses to restore images under a new container ID into the dumped container's
 // cgroup: both would share limits, accounting and the freezer.
-func checkCgroup(ctx context.Context, ctr containerd.Container, meta Meta) error {
+func checkCgroup(ctr containerd.Container, spec *specs.Spec, meta Meta) error {
 	if meta.ContainerID == "" || meta.ContainerID == ctr.ID() {
 		return nil
-	}
-	spec, err := ctr.Spec(ctx)
-	if err != nil {
-		return fmt.Errorf("spec of container %s: %w", ctr.ID(), err)
 	}
 	if spec.Linux != nil && spec.Linux.CgroupsPath == meta.CgroupsPath {
 		return fmt.Errorf("restore container %s: its cgroupsPath %q is the one of dumped container %s; a restore under a new ID needs its own cgroup (oci.WithCgroup): %w",

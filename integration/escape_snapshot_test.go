@@ -1,16 +1,23 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/containerd/errdefs"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/orchestrator/snapsign"
 )
 
@@ -146,5 +153,111 @@ func TestEscapeSnapshotSignatures(t *testing.T) {
 	stranger := startDaemon(t)
 	if _, err := stranger.client().Restore(ctx, snap.URI, "", nil); !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), nodeKey) {
 		t.Errorf("node without trust: want permission_denied naming %s, got %v", nodeKey, err)
+	}
+}
+
+// editBlob stores a new version of the snapshot's layer titled title (made by edit from the
+// old blob's bytes) as snapshot newName, signed by signer.
+func editBlob(t *testing.T, store, name, newName, title string, signer *snapsign.Signer, edit func(old []byte) []byte) string {
+	t.Helper()
+	return copySnapshot(t, store, name, newName, func(m map[string]any) {
+		_, blobPath := readSnapshot(t, store, name)
+		for _, l := range m["layers"].([]any) {
+			desc := l.(map[string]any)
+			if desc["annotations"].(map[string]any)["org.opencontainers.image.title"] != title {
+				continue
+			}
+			old, err := os.ReadFile(blobPath(desc["digest"].(string)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			data := edit(old)
+			sum := sha256.Sum256(data)
+			d := "sha256:" + hex.EncodeToString(sum[:])
+			if err := os.WriteFile(blobPath(d), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			desc["digest"], desc["size"] = d, len(data)
+			return
+		}
+		t.Fatalf("no %s blob in %s", title, name)
+	}, signer, false)
+}
+
+// raiseCaps unpacks a CRIU images blob, gives the python3 process every capability in its
+// effective set and packs it again.
+func raiseCaps(t *testing.T, blob []byte) []byte {
+	t.Helper()
+	ctx, dir := context.Background(), t.TempDir()
+	if err := criu.Unpack(ctx, bytes.NewReader(blob), dir); err != nil {
+		t.Fatal(err)
+	}
+	names, _ := filepath.Glob(filepath.Join(dir, "core-*.img"))
+	raised := false
+	for _, n := range names {
+		core, write := decodeCore(t, n)
+		if core.GetTc().GetComm() != "python3" {
+			continue
+		}
+		core.ThreadCore.Creds.CapEff = []uint32{^uint32(0), 0x1ff}
+		write(core)
+		raised = true
+	}
+	if !raised {
+		t.Fatalf("no python3 process among %v", names)
+	}
+	var buf bytes.Buffer
+	if _, err := criu.Pack(ctx, dir, &buf); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// decodeCore reads the CoreEntry of a CRIU core image (8 bytes of magic, a little-endian
+// size, the entry) and returns a function that writes an edited entry back.
+func decodeCore(t *testing.T, path string) (*criucore.CoreEntry, func(*criucore.CoreEntry)) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := binary.LittleEndian.Uint32(data[8:])
+	var core criucore.CoreEntry
+	if err := proto.Unmarshal(data[12:12+size], &core); err != nil {
+		t.Fatalf("decode %s: %v", path, err)
+	}
+	return &core, func(c *criucore.CoreEntry) {
+		payload, err := proto.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := binary.LittleEndian.AppendUint32(append([]byte(nil), data[:8]...), uint32(len(payload)))
+		if err := os.WriteFile(path, append(out, payload...), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestEscapeSnapshotForgedCapabilities(t *testing.T) {
+	d := startDaemon(t)
+	c, ctx := d.client(), context.Background()
+	store := "file://" + shortTempDir(t)
+	id := startCounter(d)
+	snap, err := c.SnapshotPush(ctx, id, store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := c.Sandboxes(ctx)
+	// Signed with the node's own key: only the credentials check stands in the way.
+	forged := editBlob(t, store, snap.Name, snap.Name+"-caps", "criu-images.tar.zst", d.signer(), func(b []byte) []byte { return raiseCaps(t, b) })
+	_, err = c.Restore(ctx, forged, "", nil)
+	if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), `"python3"`) || !strings.Contains(err.Error(), "CAP_SYS_ADMIN") {
+		t.Fatalf("core image with full effective capabilities: want permission_denied naming python3 and CAP_SYS_ADMIN, got %v", err)
+	}
+	if after, _ := c.Sandboxes(ctx); len(after) != len(before) {
+		t.Errorf("refused restore left sandboxes behind: %d before, %d after", len(before), len(after))
+	}
+	if _, err := c.Restore(ctx, snap.URI, "", nil); err != nil {
+		t.Errorf("the untouched snapshot no longer restores: %v", err)
 	}
 }
