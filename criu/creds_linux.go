@@ -39,15 +39,15 @@ const (
 
 // threadCreds is what a thread's core image says about its privileges.
 type threadCreds struct {
-	tid, comm       string
-	uids, gids      []uint32
-	groups          []uint32
-	sets            map[string][]uint32 // effective, permitted, bounding, inheritable, ambient
-	noNewPrivs      *bool
-	seccomp         criucore.SeccompMode
-	oomScoreAdj     *int32
-	hasCreds        bool
-	leader          bool // the thread-group leader (its core image has the task core)
+	tid, comm   string
+	uids, gids  []uint32
+	groups      []uint32
+	sets        map[string][]uint32 // effective, permitted, bounding, inheritable, ambient
+	noNewPrivs  *bool
+	seccomp     criucore.SeccompMode
+	oomScoreAdj *int32
+	hasCreds    bool
+	leader      bool // the thread-group leader (its core image has the task core)
 }
 
 // CheckCreds refuses CRIU images whose processes would hold more privilege than spec grants
