@@ -100,7 +100,9 @@ func (o *Orchestrator) restoreProcesses(ctx context.Context, s *session, target 
 		return err
 	}
 	for _, p := range procs {
-		_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+		if p.Pid != int(s.sb.InitPid) { // the task replacement stops the init, expectedly
+			_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+		}
 	}
 	if err := o.thaw(ctx, s); err != nil {
 		return err

@@ -129,7 +129,7 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	if err != nil {
 		return err
 	}
-	if res.ProcessesStopped, err = killNewer(procs, target.Procs); err != nil {
+	if res.ProcessesStopped, err = killNewer(procs, target.Procs, int(s.sb.InitPid)); err != nil {
 		return err
 	}
 	if res.EffectsDropped, err = o.dropEffects(ctx, s, in.Watermark); err != nil {
@@ -138,8 +138,13 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	if err := failpoint.Inject("rollback/after-effects"); err != nil {
 		return err
 	}
-	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: s.merged(), Upper: s.sb.Layout.Upper,
+	merged, closeRoot, err := s.merged()
+	if err != nil {
+		return err
+	}
+	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: merged, Upper: s.sb.Layout.Upper,
 		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs))})
+	closeRoot()
 	if err != nil {
 		return fmt.Errorf("restore files: %w", err)
 	}
@@ -210,19 +215,28 @@ func (o *Orchestrator) finishPending(ctx context.Context, s *session) error {
 	return nil
 }
 
-// merged is the sandbox's root as its init sees it, the merged overlay mount.
-func (s *session) merged() string { return fmt.Sprintf("/proc/%d/root", s.sb.InitPid) }
+// merged names the sandbox's root as its init sees it, the merged overlay mount, through
+// the root fd the pool took when the init started (never /proc/PID/root by number: the pid
+// may be reused once the init exits). done closes it; call it when the operation ends.
+func (s *session) merged() (path string, done func(), err error) {
+	f, err := s.sb.OpenRoot()
+	if err != nil {
+		return "", nil, err
+	}
+	return pool.FDPath(f), func() { f.Close() }, nil
+}
 
 // killNewer SIGKILLs the sandbox's processes (now) that did not exist at the checkpoint (by
-// pid and start time). Signals to frozen processes take effect when they are thawed.
-func killNewer(now, keep []pool.Proc) (int, error) {
+// pid and start time), never its init (whose pid an L3 restore changes; its exit would
+// fence the sandbox). Signals to frozen processes take effect when they are thawed.
+func killNewer(now, keep []pool.Proc, init int) (int, error) {
 	old := make(map[pool.Proc]bool, len(keep))
 	for _, p := range keep {
 		old[p] = true
 	}
 	n := 0
 	for _, p := range now {
-		if !old[p] {
+		if !old[p] && p.Pid != init {
 			if err := syscall.Kill(p.Pid, syscall.SIGKILL); err == nil {
 				n++
 			}
@@ -243,7 +257,12 @@ func (o *Orchestrator) resetFiles(ctx context.Context, sb pool.Sandbox) error {
 	if len(s.ckpts) == 0 {
 		return fmt.Errorf("sandbox %q has no base checkpoint: %w", sb.ID, errdefs.ErrFailedPrecondition)
 	}
-	_, err = s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: s.merged(), Upper: sb.Layout.Upper,
+	merged, closeRoot, err := s.merged()
+	if err != nil {
+		return err
+	}
+	defer closeRoot()
+	_, err = s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: merged, Upper: sb.Layout.Upper,
 		Lower: sb.Layout.Lower, Target: s.ckpts[0].ID})
 	return err
 }

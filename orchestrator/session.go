@@ -229,6 +229,9 @@ func (o *Orchestrator) session(ctx context.Context, id string) (*session, error)
 	if s.openErr != nil {
 		return nil, fmt.Errorf("sandbox %q is not usable: %w", id, s.openErr)
 	}
+	if err := s.sb.Usable(); err != nil { // fenced: its init exited
+		return nil, err
+	}
 	return s, nil
 }
 

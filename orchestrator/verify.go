@@ -50,7 +50,12 @@ func (o *Orchestrator) Verify(ctx context.Context, id, ckpt string) (api.VerifyR
 // verifyFiles compares what checkpoint ckpt recorded with a full walk of the merged tree
 // (the sandbox's mount points and the /.deltabox bind mounts are skipped), path by path.
 func (o *Orchestrator) verifyFiles(ctx context.Context, s *session, ckpt string) ([]string, error) {
-	mismatches, err := s.fs.Verify(ctx, ckpt, s.merged())
+	merged, closeRoot, err := s.merged()
+	if err != nil {
+		return nil, err
+	}
+	mismatches, err := s.fs.Verify(ctx, ckpt, merged)
+	closeRoot()
 	if err != nil {
 		return nil, err
 	}

@@ -34,6 +34,9 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdin io
 	if err != nil {
 		return initproto.ExitStatus{}, err
 	}
+	if err := sb.Usable(); err != nil {
+		return initproto.ExitStatus{}, err
+	}
 	start := time.Now()
 	r := initproto.ExecRequest{
 		Argv: req.Argv, Env: mergeEnv(sb.Env, req.Env), Workdir: req.Workdir, User: req.User,

@@ -3,20 +3,25 @@ package pool
 import (
 	"archive/tar"
 	"context"
-	"fmt"
 	"io"
 
 	"github.com/deltabox/deltabox/internal/rootfs"
 )
 
-// root opens a leased sandbox's root filesystem as its init sees it (/proc/PID/root), for
-// symlink-safe access from the host.
+// root opens a leased sandbox's root filesystem as its init sees it, for symlink-safe
+// access from the host: through the root fd taken when the init started (Sandbox.OpenRoot),
+// never /proc/PID/root by number, which names another process once the pid is reused.
 func (m *Manager) root(id string) (*rootfs.Root, error) {
 	sb, err := m.Get(id)
 	if err != nil {
 		return nil, err
 	}
-	return rootfs.Open(fmt.Sprintf("/proc/%d/root", sb.InitPid))
+	f, err := sb.OpenRoot()
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return rootfs.Open(FDPath(f))
 }
 
 // CopyTo extracts a tar stream into a leased sandbox at dest (docker-cp semantics).

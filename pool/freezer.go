@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -155,4 +156,125 @@ func procStart(pid int) (uint64, error) {
 		return 0, fmt.Errorf("short /proc/%d/stat", pid)
 	}
 	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// cgroupPath is the freezer's cgroup as /proc/PID/cgroup names it.
+func (f Freezer) cgroupPath() string {
+	if f.v2 {
+		return strings.TrimPrefix(f.dir, "/sys/fs/cgroup")
+	}
+	return strings.TrimPrefix(f.dir, "/sys/fs/cgroup/freezer")
+}
+
+// member reports whether pid is in the freezer's cgroup or one below it.
+func (f Freezer) member(pid int) (bool, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return false, err
+	}
+	want := f.cgroupPath()
+	for _, line := range strings.Split(string(data), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if f.v2 && parts[0] != "0" || !f.v2 && !slices.Contains(strings.Split(parts[1], ","), "freezer") {
+			continue
+		}
+		return parts[2] == want || strings.HasPrefix(parts[2], want+"/"), nil
+	}
+	return false, nil
+}
+
+// pids lists every pid in the cgroup and the cgroups below it (a sandbox may make its own).
+func (f Freezer) pids() ([]int, error) {
+	var out []int
+	err := filepath.WalkDir(f.dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if p != f.dir && os.IsNotExist(err) { // a child cgroup removed meanwhile
+				return nil
+			}
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		data, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		if err != nil {
+			if p != f.dir && os.IsNotExist(err) {
+				return nil
+			}
+			return err
+		}
+		for _, field := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(field); err == nil {
+				out = append(out, pid)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox processes in %s: %w", f.dir, err)
+	}
+	return out, nil
+}
+
+// KillAllBut kills every process of the sandbox but keep (its init) through the cgroup, not
+// by asking anything inside the sandbox: it freezes the cgroup (nothing forks or escapes a
+// scan meanwhile), SIGKILLs each process through a pidfd taken after checking the pid is a
+// member (so a reused pid is never signalled), thaws, and waits until only keep is left.
+func (f Freezer) KillAllBut(ctx context.Context, keep int, timeout time.Duration) (int, error) {
+	deadline := time.Now().Add(timeout)
+	killed := 0
+	for {
+		if err := f.Freeze(ctx); err != nil {
+			return killed, err
+		}
+		pids, err := f.pids()
+		if err == nil {
+			killed += f.killMembers(pids, keep)
+		}
+		if terr := f.Thaw(); err == nil {
+			err = terr
+		}
+		if err != nil {
+			return killed, err
+		}
+		if left := without(pids, keep); len(left) == 0 {
+			return killed, nil
+		} else if time.Now().After(deadline) {
+			return killed, fmt.Errorf("%d sandbox processes still alive after %s (%v): %w", len(left), timeout, left, errdefs.ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			return killed, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// killMembers SIGKILLs the pids (but keep) that are still members of the cgroup.
+func (f Freezer) killMembers(pids []int, keep int) int {
+	n := 0
+	for _, pid := range without(pids, keep) {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // gone
+		}
+		if ok, _ := f.member(pid); ok && unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
+			n++
+		}
+		unix.Close(fd)
+	}
+	return n
+}
+
+func without(pids []int, keep int) []int {
+	out := make([]int, 0, len(pids))
+	for _, p := range pids {
+		if p != keep {
+			out = append(out, p)
+		}
+	}
+	return out
 }

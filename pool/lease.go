@@ -2,12 +2,13 @@ package pool
 
 import (
 	"context"
-
 	"fmt"
-	containerd "github.com/containerd/containerd/v2/client"
 	"maps"
+	"os"
 	"sort"
 	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
 
 	"github.com/containerd/errdefs"
 
@@ -40,6 +41,32 @@ type Sandbox struct {
 	RunDir       string `json:"-"`
 	Layout       Layout `json:"-"`
 	initc        *initproto.Client
+	ref          *initRef
+}
+
+// OpenRoot opens the sandbox's root directory (its merged filesystem, as its init sees it)
+// through the fd the pool took when the init started, never by pid: a pid can be reused,
+// the fd cannot. The file is O_PATH; use it as a directory fd or through FDPath, and close
+// it after the operation (a held root must not outlive a task replacement). It fails with
+// failed_precondition once the sandbox failed or its init was replaced.
+func (s Sandbox) OpenRoot() (*os.File, error) {
+	if s.ref == nil {
+		return nil, fmt.Errorf("sandbox %q has no attached init: %w", s.ID, errdefs.ErrFailedPrecondition)
+	}
+	f, err := s.ref.openRoot()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %q: %w", s.ID, err)
+	}
+	return f, nil
+}
+
+// Usable returns nil while the sandbox's init runs; a failed_precondition error naming why
+// once the sandbox was fenced (its init exited).
+func (s Sandbox) Usable() error {
+	if err := s.ref.usable(); err != nil {
+		return fmt.Errorf("sandbox %q: %w", s.ID, err)
+	}
+	return nil
 }
 
 // LeaseResult is what Lease returns.
@@ -154,7 +181,7 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 
 // recycle puts a released sandbox back as ready when it can be reset, else destroys it.
 func (m *Manager) recycle(ctx context.Context, p *pool, sb *sandbox, view Sandbox) bool {
-	reusable := m.opts.Reset != nil && m.resetSandbox(ctx, sb, view) == nil
+	reusable := m.opts.Reset != nil && view.Usable() == nil && m.resetSandbox(ctx, sb, view) == nil
 	m.mu.Lock()
 	p.leased--
 	if reusable && m.pools[p.t.Name] == p && len(p.ready)+p.creating < p.t.MinReady {
@@ -172,7 +199,7 @@ func (m *Manager) recycle(ctx context.Context, p *pool, sb *sandbox, view Sandbo
 }
 
 func (m *Manager) resetSandbox(ctx context.Context, sb *sandbox, view Sandbox) error {
-	if _, err := sb.inst.init.Kill(ctx, initproto.KillRequest{All: true}); err != nil {
+	if err := m.killForRelease(ctx, sb); err != nil {
 		log.L(ctx).Warn("kill processes on release", "container", sb.rec.CID, "error", err)
 		return err
 	}
@@ -209,7 +236,10 @@ func (m *Manager) List() []Sandbox {
 // view builds the public view of a leased sandbox; p may be nil for a removed pool.
 func (m *Manager) view(p *pool, sb *sandbox) Sandbox {
 	v := Sandbox{Pool: sb.rec.Pool, Container: sb.rec.CID, Created: sb.rec.Created,
-		InitPid: sb.inst.pid, RunDir: sb.inst.runDir, Layout: sb.inst.layout, initc: sb.inst.init}
+		RunDir: sb.inst.runDir, Layout: sb.inst.layout, initc: sb.inst.init, ref: sb.inst.ref.Load()}
+	if v.ref != nil {
+		v.InitPid = v.ref.pid
+	}
 	if sb.inst.ip.IsValid() {
 		v.IP = sb.inst.ip.String()
 	}
@@ -244,9 +274,19 @@ func (m *Manager) ReplaceTask(ctx context.Context, id string, restore RestoreFun
 	if !ok {
 		return Sandbox{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	if err := m.rt.replaceTask(ctx, sb.inst, restore); err != nil {
+	old := sb.inst.ref.Load()
+	if err := old.usable(); err != nil {
 		return Sandbox{}, fmt.Errorf("replace task of sandbox %q: %w", id, err)
 	}
+	old.retire() // its exit is expected now
+	if err := m.rt.replaceTask(ctx, sb.inst, restore); err != nil {
+		old.fail("its task could not be replaced: " + err.Error())
+		if ref := sb.inst.ref.Load(); ref != old {
+			ref.fail("its task could not be replaced: " + err.Error())
+		}
+		return Sandbox{}, fmt.Errorf("replace task of sandbox %q: %w", id, err)
+	}
+	m.watch(sb, sb.inst.ref.Load())
 	return m.Get(id)
 }
 
@@ -276,6 +316,9 @@ func (m *Manager) Resume(ctx context.Context, id string) error {
 func (m *Manager) withTask(ctx context.Context, id string, fn func(containerd.Task) error) error {
 	sb, err := m.Get(id)
 	if err != nil {
+		return err
+	}
+	if err := sb.Usable(); err != nil {
 		return err
 	}
 	c, err := m.rt.client.LoadContainer(ctx, sb.Container)

@@ -305,6 +305,7 @@ func (m *Manager) destroyAll(ctx context.Context, sbs []*sandbox) {
 // destroy removes a sandbox's container and record; failures are logged, and reconcile
 // retries them at the next start.
 func (m *Manager) destroy(ctx context.Context, sb *sandbox) {
+	sb.inst.ref.Load().retire()
 	if err := m.rt.destroy(ctx, sb.rec.CID); err != nil {
 		log.L(ctx).Error("destroy sandbox", "container", sb.rec.CID, "error", err)
 		return

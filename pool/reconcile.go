@@ -75,6 +75,7 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container, rec record,
 		return
 	}
 	sb := &sandbox{rec: rec, inst: inst}
+	m.watch(sb, inst.ref.Load())
 	if rec.Lease != nil {
 		p.leased++
 		m.leased[rec.Lease.ID] = sb
@@ -116,7 +117,11 @@ func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance,
 	if err := NewFreezer(inst.layout.Cgroup).Thaw(); err != nil {
 		return nil, err
 	}
+	if err := inst.attach(); err != nil {
+		return nil, err
+	}
 	if err := ping(ctx, inst); err != nil {
+		inst.ref.Load().retire()
 		return nil, fmt.Errorf("init does not answer: %w", err)
 	}
 	return inst, nil

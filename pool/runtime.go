@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -62,7 +63,8 @@ type instance struct {
 	runDir string
 	init   *initproto.Client
 	layout Layout
-	ip     netip.Addr // the sandbox's address (zero without a Network)
+	ip     netip.Addr              // the sandbox's address (zero without a Network)
+	ref    atomic.Pointer[initRef] // the init held by pidfd and root fd (initref.go)
 }
 
 // Layout locates a sandbox's root filesystem layers and cgroup on the host.
@@ -109,7 +111,9 @@ func (r *runtime) containerDir(cid string) string { return filepath.Join(r.dir, 
 
 func (r *runtime) newInstance(cid string, pid uint32) *instance {
 	runDir := filepath.Join(r.containerDir(cid), "run")
-	return &instance{cid: cid, pid: pid, runDir: runDir, init: initproto.New(filepath.Join(runDir, "init.sock"))}
+	inst := &instance{cid: cid, pid: pid, runDir: runDir}
+	inst.init = initproto.New(filepath.Join(runDir, "init.sock"), initproto.WithPeerCheck(inst.checkPeer))
+	return inst
 }
 
 // image returns the image ref, unpacked for the snapshotter; a missing image is NotFound.
@@ -190,7 +194,11 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string, start Res
 		return nil, err
 	}
 	inst.pid = task.Pid()
+	if err := inst.attach(); err != nil {
+		return nil, err
+	}
 	if err := r.waitInit(ctx, inst); err != nil {
+		inst.ref.Load().retire()
 		return nil, err
 	}
 	return inst, nil
@@ -214,6 +222,9 @@ func (r *runtime) replaceTask(ctx context.Context, inst *instance, start Restore
 		return err
 	}
 	inst.pid = task.Pid()
+	if err := inst.attach(); err != nil {
+		return err
+	}
 	return r.waitInit(ctx, inst)
 }
 

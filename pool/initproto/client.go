@@ -17,10 +17,30 @@ import (
 // concurrent use and survives init restarts.
 type Client struct {
 	path string
+	peer PeerCheck
 }
 
+// PeerCheck decides whether the process serving the socket is the sandbox's init. It gets
+// the peer's credentials as the kernel recorded them when the server called listen(2)
+// (SO_PEERCRED; the pid as seen from the host's pid namespace), and returns an error to refuse.
+type PeerCheck func(pid int32, uid, gid uint32) error
+
+// ClientOption configures a Client.
+type ClientOption func(*Client)
+
+// WithPeerCheck makes every call check, before it sends anything, that the socket is served
+// by the expected process: a sandbox process can replace the socket with its own listener
+// (a relay that reads the next request, env and secrets included).
+func WithPeerCheck(check PeerCheck) ClientOption { return func(c *Client) { c.peer = check } }
+
 // New returns a client for the init socket at socketPath (a host path).
-func New(socketPath string) *Client { return &Client{path: socketPath} }
+func New(socketPath string, opts ...ClientOption) *Client {
+	c := &Client{path: socketPath}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
 
 // Dial returns a client for the init socket at socketPath after checking, with one ping,
 // that the socket is safe to use and the init speaks this protocol version.
@@ -93,6 +113,12 @@ func (c *Client) open(ctx context.Context) (*net.UnixConn, func(), error) {
 	conn, err := dialSocket(ctx, c.path)
 	if err != nil {
 		return nil, nil, err
+	}
+	if c.peer != nil {
+		if err := checkPeer(conn, c.path, c.peer); err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	return conn, func() { stop(); conn.Close() }, nil

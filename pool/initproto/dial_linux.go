@@ -62,3 +62,22 @@ func classifyOpenError(path string, err error) error {
 	}
 	return fmt.Errorf("open init socket %s: %v: %w", path, err, errdefs.ErrUnavailable)
 }
+
+// checkPeer reads the server's credentials (SO_PEERCRED) and asks check about them.
+func checkPeer(conn *net.UnixConn, path string, check PeerCheck) error {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("init socket %s: %v: %w", path, err, errdefs.ErrUnavailable)
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil || serr != nil {
+		return fmt.Errorf("peer credentials of init socket %s: %v: %w", path, errors.Join(err, serr), errdefs.ErrUnavailable)
+	}
+	if err := check(cred.Pid, cred.Uid, cred.Gid); err != nil {
+		return fmt.Errorf("init socket %s: %w", path, err)
+	}
+	return nil
+}

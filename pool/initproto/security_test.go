@@ -199,3 +199,54 @@ func TestDialChecksProtocol(t *testing.T) {
 		t.Fatalf("dial of another protocol version: %v", err)
 	}
 }
+
+// TestRelayIsRefusedByPeerCheck: a sandbox process replaced the init's socket with its own
+// listener (a relay). A client that checks the peer refuses it before sending a byte, so the
+// request (argv, env, secrets) never reaches the relay.
+func TestRelayIsRefusedByPeerCheck(t *testing.T) {
+	p := startInit(t)
+	os.Remove(p.socket)
+	relay, err := net.Listen("unix", p.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	got := make(chan string, 4)
+	go func() {
+		for {
+			c, err := relay.Accept()
+			if err != nil {
+				return
+			}
+			if line, _ := bufio.NewReader(c).ReadString('\n'); line != "" {
+				got <- line
+			}
+			c.Close()
+		}
+	}()
+	initPid := int32(p.cmd.Process.Pid)
+	check := func(pid int32, uid, gid uint32) error {
+		if pid != initPid {
+			return fmt.Errorf("served by pid %d, not the init (pid %d): %w", pid, initPid, errdefs.ErrPermissionDenied)
+		}
+		return nil
+	}
+	c := initproto.New(p.socket, initproto.WithPeerCheck(check))
+	_, err = c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"true"}, Env: []string{"SECRET=s3cr3t"}}, nil, nil, nil)
+	if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "not the init") {
+		t.Fatalf("exec through a relay: %v, want permission denied naming the peer", err)
+	}
+	if _, err := c.Ping(context.Background()); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("ping through a relay: %v, want permission denied", err)
+	}
+	select {
+	case line := <-got:
+		t.Fatalf("the relay received %q", line)
+	case <-time.After(50 * time.Millisecond):
+	}
+	// The unchecked client is what the relay attack used: it does reach the relay.
+	go initproto.New(p.socket).Ping(context.Background())
+	if line := <-got; !strings.Contains(line, "ping") {
+		t.Fatalf("relay test is broken: an unchecked ping sent %q", line)
+	}
+}
