@@ -61,8 +61,12 @@ func (s Sandbox) OpenRoot() (*os.File, error) {
 }
 
 // Usable returns nil while the sandbox's init runs; a failed_precondition error naming why
-// once the sandbox was fenced (its init exited).
+// once the sandbox was fenced (its init exited). A Sandbox not made by the pool (a zero
+// value in tests) has nothing to fence and is usable.
 func (s Sandbox) Usable() error {
+	if s.ref == nil {
+		return nil
+	}
 	if err := s.ref.usable(); err != nil {
 		return fmt.Errorf("sandbox %q: %w", s.ID, err)
 	}
