@@ -47,6 +47,7 @@ type daemon struct {
 	exited  chan error
 	net     testNet
 	args    []string // extra daemon arguments, kept for restarts
+	extra   []string // extra environment of the next start (e.g. DELTABOX_FAILPOINTS)
 }
 
 // startDaemon starts a daemon in a fresh state root and waits until its API answers.
@@ -88,6 +89,7 @@ func (d *daemon) start() {
 		"--containerd-address", d.env.containerd, "--log-level", "debug"}, d.args...)
 	d.logs = &testutil.SyncBuffer{} // written by the command's copier while tests read it
 	d.cmd = exec.Command(d.env.bin, args...)
+	d.cmd.Env = append(os.Environ(), d.extra...)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	if path := os.Getenv("DELTABOX_TEST_DAEMON_LOG"); path != "" { // keep the logs for a look
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

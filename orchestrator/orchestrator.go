@@ -172,22 +172,15 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 }
 
 // resumeSessions reopens the sessions of sandboxes that stayed leased across a restart and
-// removes session directories whose lease is gone.
+// sweeps what interrupted operations left behind.
 func (o *Orchestrator) resumeSessions(ctx context.Context) error {
 	leased := map[string]bool{}
 	for _, sb := range o.pools.List() {
 		leased[sb.ID] = true
+	}
+	o.sweep(ctx, leased)
+	for _, sb := range o.pools.List() {
 		o.startSession(ctx, sb)
-	}
-	dirs, err := os.ReadDir(filepath.Join(o.opts.Root, "sandboxes"))
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	for _, d := range dirs {
-		if !leased[d.Name()] {
-			log.L(ctx).Info("removing state of a sandbox that is no longer leased", "sandbox", d.Name())
-			_ = os.RemoveAll(filepath.Join(o.opts.Root, "sandboxes", d.Name()))
-		}
 	}
 	return nil
 }

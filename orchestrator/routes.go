@@ -10,6 +10,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/orchestrator/state"
 	"github.com/deltabox/deltabox/pool"
@@ -186,6 +187,9 @@ func (o *Orchestrator) release(r *http.Request) (any, error) {
 		o.unregisterEgress(sb)
 	}
 	if err := o.pools.Release(r.Context(), id); err != nil {
+		return nil, err
+	}
+	if err := failpoint.Inject("release/before-forget"); err != nil {
 		return nil, err
 	}
 	o.endSession(r.Context(), id)

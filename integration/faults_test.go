@@ -1,0 +1,265 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+// The fault suite: the daemon is made to die (failpoint "exit", status 137, as kill -9) at a
+// named point of checkpoint, rollback, commit and release (internal/failpoint), restarted
+// without failpoints, and each case checks the one outcome it must have. One daemon (and
+// sandbox) serves each group; it is restarted between cases.
+
+// restartWith stops the daemon (if it runs) and starts it with the failpoints of spec.
+func (d *daemon) restartWith(spec string) {
+	d.t.Helper()
+	if d.cmd != nil {
+		d.stop()
+	}
+	d.extra = nil
+	if spec != "" {
+		d.extra = []string{"DELTABOX_FAILPOINTS=" + spec}
+	}
+	d.start()
+}
+
+// crashAt runs the CLI command with the daemon armed to die at point, and checks that it
+// died there; the daemon is restarted without failpoints.
+func (d *daemon) crashAt(point string, args ...string) {
+	d.t.Helper()
+	d.restartWith(point + "=exit")
+	if out, _, code := d.cliRaw(args...); code == 0 {
+		d.t.Fatalf("%v succeeded with failpoint %s armed: %s", args, point, out)
+	}
+	select {
+	case err := <-d.exited:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 137 {
+			d.t.Fatalf("daemon exit at %s: %v, want status 137\n%s", point, err, d.logTail())
+		}
+	case <-time.After(30 * time.Second):
+		d.t.Fatalf("daemon did not die at failpoint %s", point)
+	}
+	d.cmd = nil
+	d.restartWith("")
+}
+
+func (d *daemon) checkpointIDs(id string) []string {
+	d.t.Helper()
+	var cks []api.Checkpoint
+	d.cliJSON(&cks, "checkpoint", "ls", id)
+	out := make([]string, len(cks))
+	for i, c := range cks {
+		out[i] = c.ID
+	}
+	return out
+}
+
+func (d *daemon) effectStatus(id, url string) string {
+	d.t.Helper()
+	var effects []api.Effect
+	d.cliJSON(&effects, "effects", "ls", id)
+	for _, e := range effects {
+		if e.URL == url {
+			return e.Status
+		}
+	}
+	return "none"
+}
+
+// holdPost makes the sandbox POST to url (held by the proxy).
+func (d *daemon) holdPost(id, url string) {
+	d.t.Helper()
+	if out := d.cli("exec", id, "--", "curl", "-sS", "-m", "10", "-X", "POST", "-d", "x=1", url); !strings.Contains(out, `"held":true`) {
+		d.t.Fatalf("POST %s not held: %q", url, out)
+	}
+}
+
+// TestFaultsRollback: killed at any point after a rollback recorded its intent, the
+// rollback is finished at start (files, state, effects, checkpoints, all of them); killed
+// before, nothing of it happened. No rolled-back effect is ever sent.
+func TestFaultsRollback(t *testing.T) {
+	u := startUpstream(t)
+	d := egressDaemon(t, u, pythonImage, 1, "")
+	id := d.lease("net", noProxyBypass...).ID
+	cases := []struct {
+		point string
+		done  bool
+	}{
+		{"rollback/frozen", false},
+		{"rollback/after-effects", true},
+		{"rollback/after-files", true},
+		{"rollback/after-state", true},
+		{"rollback/before-clear", true},
+	}
+	for i, c := range cases {
+		t.Run(strings.ReplaceAll(c.point, "/", "-"), func(t *testing.T) {
+			d.t = t
+			var target api.Checkpoint
+			d.cliJSON(&target, "checkpoint", "create", id)
+			url := fmt.Sprintf("%s/rolled-back-%d", u.plain.URL, i)
+			d.cli("exec", id, "--", "sh", "-c", "echo dirty > /root/step")
+			d.cli("state", "patch", id, `[{"op":"add","path":"/step","value":"dirty"}]`)
+			d.holdPost(id, url)
+			d.cli("checkpoint", "create", id)
+			d.crashAt(c.point, "rollback", id, "--to", target.ID)
+			_, _, code := d.cliRaw("exec", id, "--timeout", "10s", "--", "test", "-e", "/root/step")
+			state := d.stateDoc(id)
+			status := d.effectStatus(id, url)
+			ids := d.checkpointIDs(id)
+			if c.done {
+				if code == 0 || strings.Contains(state, "dirty") || status != "dropped" || ids[len(ids)-1] != target.ID {
+					t.Fatalf("rollback not finished at start: file exists %v, state %s, effect %s, checkpoints %v",
+						code == 0, state, status, ids)
+				}
+			} else {
+				if code != 0 || !strings.Contains(state, "dirty") || status != "held" || ids[len(ids)-1] == target.ID {
+					t.Fatalf("rollback killed before its intent changed something: file exists %v, state %s, effect %s, checkpoints %v",
+						code == 0, state, status, ids)
+				}
+				d.cli("rollback", id, "--to", target.ID)
+			}
+		})
+	}
+	d.t = t
+	d.cli("commit", id)
+	for i := range cases {
+		if n := u.count(fmt.Sprintf("POST /rolled-back-%d", i)); n != 0 {
+			t.Errorf("rolled-back effect %d reached the upstream %d times", i, n)
+		}
+	}
+}
+
+// TestFaultsCommit: killed before the commit point is recorded, nothing was committed;
+// killed after, the commit point stays moved and start-up finishes the commit, each effect
+// reaching the upstream once, always with its one key.
+func TestFaultsCommit(t *testing.T) {
+	u := startUpstream(t)
+	d := egressDaemon(t, u, pythonImage, 1, "")
+	id := d.lease("net", noProxyBypass...).ID
+	cases := []struct {
+		point string
+		moved bool
+	}{
+		{"commit/before-record", false},
+		{"commit/before-send", true},
+		{"commit/after-send", true},
+	}
+	for i, c := range cases {
+		t.Run(strings.ReplaceAll(c.point, "/", "-"), func(t *testing.T) {
+			d.t = t
+			path := fmt.Sprintf("/committed-%d", i)
+			d.holdPost(id, u.plain.URL+path)
+			var ck api.Checkpoint
+			d.cliJSON(&ck, "checkpoint", "create", id)
+			d.crashAt(c.point, "commit", id)
+			var cks []api.Checkpoint
+			d.cliJSON(&cks, "checkpoint", "ls", id)
+			committed := cks[len(cks)-1].Committed
+			if !c.moved {
+				if committed || u.count("POST "+path) != 0 || d.effectStatus(id, u.plain.URL+path) != "held" {
+					t.Fatalf("commit killed before it recorded its point: committed %v, sent %d, effect %s",
+						committed, u.count("POST "+path), d.effectStatus(id, u.plain.URL+path))
+				}
+				d.cli("commit", id)
+			} else {
+				_, errOut, code := d.cliRaw("rollback", id, "--to", ck.ID)
+				if !committed || code == 0 || !strings.Contains(errOut, "commit") {
+					t.Fatalf("commit point after the crash: committed %v, rollback across it: %d %s", committed, code, errOut)
+				}
+			}
+			testutil.WaitFor(t, 20*time.Second, 20*time.Millisecond, "the resumed commit", func() bool {
+				return d.effectStatus(id, u.plain.URL+path) == "released"
+			})
+			u.mu.Lock()
+			keys := u.keys["POST "+path]
+			u.mu.Unlock()
+			if len(keys) != 1 || !strings.HasPrefix(keys[0], "deltabox-") {
+				t.Fatalf("upstream saw the effect with keys %q, want once with a deltabox- key", keys)
+			}
+		})
+	}
+	d.t = t
+}
+
+// TestFaultsRelease: a release killed after the pool released the sandbox leaves no effect
+// journal or session state behind after the next start.
+func TestFaultsRelease(t *testing.T) {
+	u := startUpstream(t)
+	d := egressDaemon(t, u, pythonImage, 1, "")
+	id := d.lease("net", noProxyBypass...).ID
+	d.holdPost(id, u.plain.URL+"/released")
+	journal := filepath.Join(d.root, "proxy", "journal", id+".journal")
+	if _, err := os.Stat(journal); err != nil {
+		t.Fatalf("no journal before release: %v", err)
+	}
+	os.MkdirAll(filepath.Join(d.root, "restore", "snap-interrupted"), 0o700)
+	os.MkdirAll(filepath.Join(d.root, "criu-work", "dump-interrupted"), 0o700)
+	d.crashAt("release/before-forget", "release", id)
+	for _, p := range []string{journal, filepath.Join(d.root, "sandboxes", id),
+		filepath.Join(d.root, "restore", "snap-interrupted"), filepath.Join(d.root, "criu-work", "dump-interrupted")} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left behind after the start (%v)", p, err)
+		}
+	}
+	if n := u.count("POST /released"); n != 0 {
+		t.Errorf("effect of a released sandbox sent %d times", n)
+	}
+}
+
+// TestFaultsHungUpstream: a commit whose upstream never answers blocks neither the
+// sandbox's other operations nor, after a restart, the API.
+func TestFaultsHungUpstream(t *testing.T) {
+	u := startUpstream(t)
+	hang := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(hang); hung.Close() })
+	d := egressDaemon(t, u, pythonImage, 1, "")
+	t.Cleanup(func() {
+		if d.cmd != nil {
+			d.kill() // a stop would wait for the hung commit
+		}
+	})
+	id := d.lease("net", noProxyBypass...).ID
+	d.holdPost(id, hung.URL+"/never")
+	d.cli("checkpoint", "create", id)
+	go d.cliRaw("commit", id)
+	testutil.WaitFor(t, 10*time.Second, 20*time.Millisecond, "the commit to start sending", func() bool {
+		return d.effectStatus(id, hung.URL+"/never") == "sending"
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := d.client()
+	ck, err := c.Checkpoint(ctx, id, api.CheckpointRequest{})
+	if err != nil {
+		t.Fatalf("checkpoint during a hung commit: %v", err)
+	}
+	d.cli("state", "patch", id, `[{"op":"add","path":"/during","value":1}]`)
+	if _, err := c.Rollback(ctx, id, api.RollbackRequest{To: ck.ID}); err != nil {
+		t.Fatalf("rollback during a hung commit: %v", err)
+	}
+	d.cli("verify", id)
+	d.kill()
+	start := time.Now()
+	d.start() // waits for the API to answer
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("API answered %s after a restart with a hung commit to resume", took)
+	}
+}
