@@ -201,14 +201,17 @@ func TestLeaseSurvivesRestart(t *testing.T) {
 	d.cli("exec", l.ID, "--", "true")
 }
 
-func TestPoolRefillsWithinThreeSeconds(t *testing.T) {
+// TestPoolRefills checks that the filler brings a drained pool back to min_ready. How fast
+// (10 within 3 s) is a benchmark target (BenchmarkRefill, the Targets table of
+// docs/benchmarks.md): a stopwatch in a test fails for the machine's load, not for the code.
+func TestPoolRefills(t *testing.T) {
 	d := startDaemon(t)
 	d.createPool("refill", busyboxImage, 10, "--max", "30")
 	for range 10 {
 		d.lease("refill")
 	}
 	start := time.Now()
-	d.waitReady("refill", 10, 3*time.Second)
+	d.waitReady("refill", 10, time.Minute)
 	t.Logf("refilled 10 sandboxes in %s", time.Since(start))
 }
 

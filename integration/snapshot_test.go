@@ -56,7 +56,8 @@ func startCounter(d *daemon) string {
 	d.cli("exec", id, "--timeout", "30s", "--", "sh", "-c", counterScript)
 	d.cli("state", "patch", id, `[{"op":"add","path":"/memory","value":"kept in the snapshot"}]`)
 	d.cli("exec", id, "--", "sh", "-c", "echo file-content > /root/notes")
-	time.Sleep(300 * time.Millisecond)
+	first := d.count(id)
+	testutil.WaitFor(d.t, 10*time.Second, 20*time.Millisecond, "counter to run", func() bool { return d.count(id) > first })
 	return id
 }
 
@@ -98,14 +99,12 @@ func TestL3RollbackRestoresProcessesInPlace(t *testing.T) {
 	if ck.Level != "l3" || ck.FrozenMS <= 0 {
 		t.Fatalf("unexpected L3 checkpoint: %+v", ck)
 	}
-	time.Sleep(time.Second)
+	testutil.WaitFor(t, 10*time.Second, 50*time.Millisecond, "counter to run on after the checkpoint", func() bool {
+		return d.count(id) >= after+10
+	})
 	d.cli("exec", id, "--", "sh", "-c", "rm /root/notes")
-	later := d.count(id)
 	d.cli("rollback", id, "--to", ck.ID)
 	checkContinues(t, d, id, before, after+10)
-	if later < after+10 {
-		t.Errorf("counter did not run between checkpoint (%d) and rollback (%d)", after, later)
-	}
 }
 
 func TestSnapshotPushRestoreAndFork(t *testing.T) {

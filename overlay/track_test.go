@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -92,7 +94,7 @@ func TestTrackerMmapHints(t *testing.T) {
 	mem, err := unix.Mmap(int(fh.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	must(t, err)
 	defer unix.Munmap(mem)
-	time.Sleep(10 * time.Millisecond) // a later mtime than c1's
+	waitTimestampsPast(t, time.Now()) // the write's mtime is later than c1's
 	copy(mem, "written through the mapping")
 	open := WritableFiles([]int{os.Getpid()})
 	var rel OpenFiles // the test's paths are host paths; a sandbox's are relative to its root
@@ -233,15 +235,14 @@ func TestTrackerQuietsHotFiles(t *testing.T) {
 	f.capture(t, "c1", L1)
 	fh, err := os.OpenFile(f.m("data/hot"), os.O_CREATE|os.O_WRONLY, 0o644)
 	must(t, err)
-	// Queued events of one file merge, so it takes writes in hotWrites drain batches (written
-	// for as long as ~hotWrites * drainDelay) to make a file hot.
+	// Queued events of one file merge, so it takes writes in hotWrites drain batches to make a
+	// file hot; inodeMarks drains synchronously, so every write of the loop is its own batch.
 	for i := 0; inodeMarks(t) == 0; i++ {
 		if i == 8*hotWrites { // a loaded machine may batch more writes into one event
-			t.Fatalf("no ignore mark on a file written %d times %s apart", i, drainDelay+5*time.Millisecond)
+			t.Fatalf("no ignore mark on a file written %d times, each write drained", i)
 		}
-		_, err = fh.WriteString("line\n")
+		_, err = fh.WriteString("line\n") // one event: inodeMarks drained the previous one
 		must(t, err)
-		time.Sleep(drainDelay + 5*time.Millisecond)
 	}
 	_, err = fh.WriteString("written while quiet\n")
 	must(t, err)
@@ -252,9 +253,23 @@ func TestTrackerQuietsHotFiles(t *testing.T) {
 	if n := inodeMarks(t); n != 0 {
 		t.Fatalf("%d ignore marks left after a capture", n)
 	}
-	time.Sleep(10 * time.Millisecond)
+	waitTimestampsPast(t, time.Now()) // the truncate's mtime is later than c2's
 	must(t, os.Truncate(f.m("data/hot"), 3))
 	if res := trackedCapture(t, f, "c3"); !pathsOf(res)["data/hot"] {
 		t.Fatalf("c3 missed a truncate of the once hot file: %v", res.Paths)
 	}
+}
+
+// waitTimestampsPast waits until the timestamps the kernel gives files are later than t0:
+// they come from a coarse clock that lags time.Now by up to a tick, so a file written right
+// after a capture may carry the capture's own time.
+func waitTimestampsPast(t *testing.T, t0 time.Time) {
+	t.Helper()
+	probe := t.TempDir() + "/tick"
+	testutil.WaitFor(t, time.Second, time.Millisecond, "file timestamps to pass "+t0.String(), func() bool {
+		must(t, os.WriteFile(probe, nil, 0o600))
+		st, err := os.Stat(probe)
+		must(t, err)
+		return st.ModTime().After(t0)
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -51,6 +52,21 @@ func RequiresEnv(t testing.TB, name string) string {
 		skipOrFail(t, "test requires $%s (set by make test)", name)
 	}
 	return v
+}
+
+// RequiresSysctl skips (or fails in CI) a test unless the sysctl name (net.bridge.x, as for
+// sysctl(8)) reads want.
+func RequiresSysctl(t testing.TB, name, want string) {
+	t.Helper()
+	path := "/proc/sys/" + strings.ReplaceAll(name, ".", "/")
+	v, err := os.ReadFile(path)
+	if err != nil {
+		skipOrFail(t, "test requires sysctl %s = %s: %v", name, want, err)
+		return
+	}
+	if got := strings.TrimSpace(string(v)); got != want {
+		skipOrFail(t, "test requires sysctl %s = %s (it is %s)", name, want, got)
+	}
 }
 
 // WaitFor polls cond every interval until it returns true or timeout passes, then fails t.

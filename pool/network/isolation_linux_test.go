@@ -3,9 +3,9 @@ package network
 import (
 	"context"
 	"net/netip"
-	"os"
-	"strings"
 	"testing"
+
+	"github.com/deltabox/deltabox/internal/testutil"
 )
 
 // isolation is TestIsolation's fixture: sandboxes A and B, and listeners where a sandbox must
@@ -115,9 +115,9 @@ func (x *isolation) redirected(t *testing.T) {
 // bridgeFirewall turns port isolation off: br_netfilter still sends bridged frames through
 // the FORWARD jump, which drops them; without that jump as well, A does reach B (control).
 func (x *isolation) bridgeFirewall(t *testing.T) {
-	if v, err := os.ReadFile("/proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil || strings.TrimSpace(string(v)) != "1" {
-		t.Skip("br_netfilter is off: port isolation is the only layer-2 guard")
-	}
+	// With br_netfilter off, port isolation is the only layer-2 guard and there is no second
+	// layer to test (modprobe br_netfilter).
+	testutil.RequiresSysctl(t, "net.bridge.bridge-nf-call-iptables", "1")
 	setIsolation(t, "off")
 	defer setIsolation(t, "on")
 	mustNotConnect(t, x.a, x.inB)

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// target is a figure a benchmark metric is held to: at most (or, when atLeast, at least) limit.
+type target struct {
+	what, bench, metric string
+	limit               float64
+	atLeast             bool
+}
+
+var targets = []target{
+	{"pool back to 10 ready within 3 s after 10 leases", "Refill", "refill10-p99-ms", 3000, false},
+	{"lease p50 <= 5 ms", "LeaseVsCtrRun", "lease-api-p50-ms", 5, false},
+	{"lease >= 20x faster than cold ctr run --rm", "LeaseVsCtrRun", "ctr-run/lease-x", 20, true},
+	{"exec true p50 <= 5 ms", "ExecVsCtrExec", "exec-api-p50-ms", 5, false},
+	{"exec >= 5x faster than ctr task exec", "ExecVsCtrExec", "ctr-exec/exec-x", 5, true},
+	{"L1 checkpoint p50 <= 5 ms", "CheckpointRollback", "ckpt-l1-p50-ms", 5, false},
+	{"L1 checkpoint p99 <= 20 ms", "CheckpointRollback", "ckpt-l1-p99-ms", 20, false},
+	{"rollback p50 <= 10 ms", "CheckpointRollback", "rollback-p50-ms", 10, false},
+	{"rollback >= 20x faster than ctr checkpoint + restore", "CheckpointRollback", "ctr/rollback-x", 20, true},
+}
+
+// verdict says whether results meet t: "met", "MISSED" or "not measured".
+func (t target) verdict(results []result) (value, verdict string) {
+	for _, r := range results {
+		if benchName(r.name) != t.bench {
+			continue
+		}
+		v, ok := r.metrics[t.metric]
+		if !ok {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return v, "not measured"
+		}
+		if (t.atLeast && f >= t.limit) || (!t.atLeast && f <= t.limit) {
+			return v, "met"
+		}
+		return v, "MISSED"
+	}
+	return "", "not measured"
+}
+
+// benchName drops the -GOMAXPROCS suffix go test adds ("Refill-2" -> "Refill").
+func benchName(name string) string {
+	if i := strings.LastIndexByte(name, '-'); i > 0 && isCount(name[i+1:]) {
+		return name[:i]
+	}
+	return name
+}
+
+func writeTargets(w io.Writer, results []result) {
+	fmt.Fprintln(w, "\n## Targets\n\n| target | benchmark | metric | limit | value | |\n|---|---|---|---|---|---|")
+	for _, t := range targets {
+		op := "<="
+		if t.atLeast {
+			op = ">="
+		}
+		value, verdict := t.verdict(results)
+		fmt.Fprintf(w, "| %s | %s | %s | %s %g | %s | %s |\n", t.what, t.bench, t.metric, op, t.limit, value, verdict)
+	}
+}
