@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -265,7 +266,8 @@ func (r *rig) reopen() {
 	if r.s != nil {
 		_ = r.s.intents.close()
 	}
-	s := &session{id: "sb", dir: r.dir, rec: records{dir: r.dir}, frz: r.frz, fs: r.fs, state: r.st, ready: make(chan struct{})}
+	s := &session{id: "sb", dir: r.dir, rec: records{dir: r.dir}, frz: r.frz, fs: r.fs, state: r.st, ready: make(chan struct{}),
+		openRoot: func() (*os.File, error) { return os.Open(r.dir) }}
 	var err error
 	if s.meta, err = s.rec.readMeta(); err != nil {
 		r.t.Fatal(err)

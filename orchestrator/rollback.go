@@ -219,7 +219,11 @@ func (o *Orchestrator) finishPending(ctx context.Context, s *session) error {
 // the root fd the pool took when the init started (never /proc/PID/root by number: the pid
 // may be reused once the init exits). done closes it; call it when the operation ends.
 func (s *session) merged() (path string, done func(), err error) {
-	f, err := s.sb.OpenRoot()
+	open := s.sb.OpenRoot
+	if s.openRoot != nil {
+		open = s.openRoot
+	}
+	f, err := open()
 	if err != nil {
 		return "", nil, err
 	}

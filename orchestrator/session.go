@@ -38,6 +38,7 @@ type session struct {
 	frz      freezer
 	intents  *intentLog
 	pending  *rollbackIntent // a rollback that failed after it began; finished before anything else
+	openRoot func() (*os.File, error) // the sandbox's root (default sb.OpenRoot; fakes in tests)
 
 	ready     chan struct{} // closed once open finished
 	openErr   error
