@@ -147,10 +147,12 @@ func TestEscapeSnapshotSignatures(t *testing.T) {
 
 	// A second node that trusts this one's key restores its snapshot; one that does not, refuses.
 	trusting := startDaemonWith(t, trustConfig(d))
+	trusting.createPool("py", pythonImage, 0)
 	if _, err := trusting.client().Restore(ctx, snap.URI, "", nil); err != nil {
 		t.Fatalf("node trusting %s: restore: %v", nodeKey, err)
 	}
 	stranger := startDaemon(t)
+	stranger.createPool("py", pythonImage, 0)
 	if _, err := stranger.client().Restore(ctx, snap.URI, "", nil); !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), nodeKey) {
 		t.Errorf("node without trust: want permission_denied naming %s, got %v", nodeKey, err)
 	}
@@ -259,5 +261,62 @@ func TestEscapeSnapshotForgedCapabilities(t *testing.T) {
 	}
 	if _, err := c.Restore(ctx, snap.URI, "", nil); err != nil {
 		t.Errorf("the untouched snapshot no longer restores: %v", err)
+	}
+}
+
+// Egress policies for the policy tests: the pool's, one reaching the host's loopback, and the
+// pool's narrowed by a deny rule in front.
+const (
+	poolPolicy   = "version: 1\ndefault: deny\nrules:\n  - host: api.example.com\n    action: pass\n"
+	localPolicy  = "version: 1\ndefault: deny\nrules:\n  - host: 127.0.0.1\n    action: pass\n  - host: api.example.com\n    action: pass\n"
+	narrowPolicy = "version: 1\ndefault: deny\nrules:\n  - host: api.example.com\n    path_prefix: /admin\n    action: deny\n  - host: api.example.com\n    action: pass\n"
+)
+
+func writeTemp(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestEscapeSnapshotPolicyNeverWidens(t *testing.T) {
+	d := startDaemon(t)
+	c, ctx := d.client(), context.Background()
+	d.createPool("bb", busyboxImage, 0, "--egress-policy", writeTemp(t, "pool.yaml", poolPolicy))
+	wide := d.lease("bb", "--egress-policy", writeTemp(t, "local.yaml", localPolicy)).ID
+	snap, err := c.SnapshotPush(ctx, wide, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The snapshot's policy reaches 127.0.0.1; the pool's does not: refused, whatever pool.
+	_, err = c.Restore(ctx, snap.URI, "", nil)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "egress policy") {
+		t.Errorf("restore of a snapshot whose policy reaches 127.0.0.1 into a pool whose policy does not: want failed_precondition naming the egress policy, got %v", err)
+	}
+	// A missing pool is not created from the snapshot's template.
+	_, err = c.Restore(ctx, snap.URI, "made-from-snapshot", nil)
+	if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "does not create pools") {
+		t.Errorf("restore into a missing pool: want not_found saying no pool is created, got %v", err)
+	}
+	pools, _ := c.Pools(ctx)
+	for _, p := range pools {
+		if p.Name == "made-from-snapshot" || p.EgressPolicy != poolPolicy {
+			t.Errorf("after refused restores: pool %q with policy %q", p.Name, p.EgressPolicy)
+		}
+	}
+	// A policy that only narrows the pool's is kept.
+	narrow := d.lease("bb", "--egress-policy", writeTemp(t, "narrow.yaml", narrowPolicy)).ID
+	snap2, err := c.SnapshotPush(ctx, narrow, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Restore(ctx, snap2.URI, "", nil)
+	if err != nil {
+		t.Fatalf("restore of a narrowing policy: %v", err)
+	}
+	if sb, err := c.Sandbox(ctx, l.ID); err != nil || sb.EgressPolicy != narrowPolicy {
+		t.Errorf("restored sandbox's policy: %q (%v), want the snapshot's narrower one", sb.EgressPolicy, err)
 	}
 }

@@ -49,18 +49,41 @@ func (o *Orchestrator) Restore(ctx context.Context, uri, poolName string, emit E
 	}
 	defer os.RemoveAll(f.dir)
 	log.L(ctx).Debug("snapshot fetched", "uri", uri, "duration", time.Since(start))
-	return o.restoreFetched(ctx, f, poolName, emit)
+	to, err := o.restoreInto(ctx, f, poolName)
+	if err != nil {
+		return api.Lease{}, err
+	}
+	return o.restoreFetched(ctx, f, to, emit)
 }
 
-func (o *Orchestrator) restoreFetched(ctx context.Context, f *fetched, poolName string, emit Emit) (api.Lease, error) {
+// restoreTarget is where and how a fetched snapshot is restored.
+type restoreTarget struct {
+	pool  string
+	lease pool.LeaseRequest
+}
+
+// restoreInto decides a restore's target: the pool (given, or the snapshot's pool name) must
+// exist here and run the snapshot's image; the sandbox gets that pool's template and the
+// snapshot's lease env and labels, and the snapshot's egress policy only if it does not widen
+// the pool's.
+func (o *Orchestrator) restoreInto(ctx context.Context, f *fetched, poolName string) (restoreTarget, error) {
 	if poolName == "" {
 		poolName = f.cfg.Template.Name
 	}
-	if err := o.restorePool(ctx, poolName, f.cfg); err != nil {
-		return api.Lease{}, err
+	t, err := o.restorePool(ctx, poolName, f.cfg)
+	if err != nil {
+		return restoreTarget{}, err
 	}
+	policy, err := restorePolicy(f.cfg.Lease.EgressPolicy, t.EgressPolicy)
+	if err != nil {
+		return restoreTarget{}, fmt.Errorf("restore snapshot %s-%s into pool %q: %w", f.cfg.Sandbox, f.cfg.Checkpoint, poolName, err)
+	}
+	return restoreTarget{pool: poolName, lease: pool.LeaseRequest{Env: f.cfg.Lease.Env, Labels: f.cfg.Lease.Labels, EgressPolicy: policy}}, nil
+}
+
+func (o *Orchestrator) restoreFetched(ctx context.Context, f *fetched, to restoreTarget, emit Emit) (api.Lease, error) {
 	emit(api.Progress{Phase: "restore"})
-	res, err := o.pools.LeaseRestored(ctx, poolName, pool.LeaseRequest{}, o.restoreTask(f))
+	res, err := o.pools.LeaseRestored(ctx, to.pool, to.lease, o.restoreTask(f))
 	if err != nil {
 		return api.Lease{}, fmt.Errorf("restore snapshot %s-%s: %w", f.cfg.Sandbox, f.cfg.Checkpoint, err)
 	}
@@ -69,30 +92,30 @@ func (o *Orchestrator) restoreFetched(ctx context.Context, f *fetched, poolName 
 	return api.Lease{LeaseResult: apiLeaseResult(res)}, nil
 }
 
-// restorePool makes sure the pool exists (created from the snapshot's template, with no warm
-// sandboxes, if missing) and runs the snapshot's image at the same digest.
-func (o *Orchestrator) restorePool(ctx context.Context, name string, cfg snapshotConfig) error {
+// restorePool returns the template of the pool a snapshot is restored into, which must exist
+// and run the snapshot's image at the same digest. A restore never creates a pool from the
+// snapshot's template: its limits and egress policy are the snapshot writer's, not this node's.
+func (o *Orchestrator) restorePool(ctx context.Context, name string, cfg snapshotConfig) (pool.Template, error) {
 	t, err := o.pools.Template(name)
 	if errdefs.IsNotFound(err) {
-		t = cfg.Template
-		t.Name, t.MinReady = name, 0
-		_, err = o.pools.CreatePool(ctx, t)
+		return t, fmt.Errorf("pool %q does not exist on this node; a restore does not create pools from a snapshot's template (its limits and egress policy would be the snapshot's): create it (deltabox pool create %s --image %s) or name another with --pool: %w",
+			name, name, cfg.Image, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		return err
+		return t, err
 	}
 	if t.Image != cfg.Image {
-		return fmt.Errorf("pool %q runs %s, the snapshot needs %s: %w", name, t.Image, cfg.Image, errdefs.ErrFailedPrecondition)
+		return t, fmt.Errorf("pool %q runs %s, the snapshot needs %s: %w", name, t.Image, cfg.Image, errdefs.ErrFailedPrecondition)
 	}
 	img, err := o.client.GetImage(ctx, cfg.Image)
 	if err != nil {
-		return fmt.Errorf("image %s of the snapshot: %w", cfg.Image, err)
+		return t, fmt.Errorf("image %s of the snapshot: %w", cfg.Image, err)
 	}
 	if d := img.Target().Digest.String(); d != cfg.ImageDigest {
-		return fmt.Errorf("image %s is %s here but the snapshot was taken on %s; restored processes need the same files: %w",
+		return t, fmt.Errorf("image %s is %s here but the snapshot was taken on %s; restored processes need the same files: %w",
 			cfg.Image, d, cfg.ImageDigest, errdefs.ErrFailedPrecondition)
 	}
-	return nil
+	return t, nil
 }
 
 // restoreTask is the pool's RestoreFunc: rootfs diff into the fresh upper dir, a new machine
@@ -297,13 +320,31 @@ func (o *Orchestrator) Fork(ctx context.Context, id, to string, count int, emit 
 		return nil, err
 	}
 	defer os.RemoveAll(f.dir)
+	target, err := o.forkInto(sb)
+	if err != nil {
+		return nil, err
+	}
 	var leases []api.Lease
 	for range count {
-		l, err := o.restoreFetched(ctx, f, sb.Pool, emit)
+		l, err := o.restoreFetched(ctx, f, target, emit)
 		if err != nil {
 			return leases, errors.Join(fmt.Errorf("fork %d of %d: %w", len(leases)+1, count, err))
 		}
 		leases = append(leases, l)
 	}
 	return leases, nil
+}
+
+// forkInto is the target of a fork: the source's own pool and lease settings, taken from the
+// live source sandbox on this node, not from the pushed snapshot.
+func (o *Orchestrator) forkInto(sb pool.Sandbox) (restoreTarget, error) {
+	t, err := o.pools.Template(sb.Pool)
+	if err != nil {
+		return restoreTarget{}, err
+	}
+	policy := sb.EgressPolicy
+	if policy == t.EgressPolicy {
+		policy = ""
+	}
+	return restoreTarget{pool: sb.Pool, lease: pool.LeaseRequest{Env: sb.Env, Labels: sb.Labels, EgressPolicy: policy}}, nil
 }

@@ -48,6 +48,15 @@ type snapshotConfig struct {
 	ImageDigest string        `json:"image_digest"`
 	CRIU        criu.Meta     `json:"criu"`
 	StateSeq    uint64        `json:"state_seq"`
+	Lease       snapshotLease `json:"lease"`
+}
+
+// snapshotLease is what the snapshot's sandbox was leased with; a restore keeps it (the
+// egress policy only when it does not widen the target pool's, see restorePolicy).
+type snapshotLease struct {
+	Env          []string          `json:"env,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	EgressPolicy string            `json:"egress_policy,omitempty"` // the sandbox's policy (its lease's or its pool's)
 }
 
 var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)

@@ -12,7 +12,7 @@ type SnapshotRequest struct {
 // RestoreRequest is the body of POST /v1/restore.
 type RestoreRequest struct {
 	URI  string `json:"uri"`            // STORE#NAME, or NAME in the daemon's store
-	Pool string `json:"pool,omitempty"` // default: the snapshot's pool (created if missing)
+	Pool string `json:"pool,omitempty"` // default: the snapshot's pool name; it must exist here
 }
 
 // Snapshot describes an L3 snapshot in an object store.
