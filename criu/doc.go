@@ -7,18 +7,20 @@
 //
 // # Dump
 //
-// Checkpointer.Dump calls task.Checkpoint with an explicit image path (and work path, so
-// CRIU's dump.log and stats-dump stay in the images directory) and without the exit option:
-// the task keeps running, and nothing is written to containerd's content store. If the caller
-// froze the task first (the L3 flow: freeze, dump, capture the upper dir, thaw), it stays
-// frozen; otherwise containerd pauses it around the dump. Driving runc or CRIU directly would
-// save the gRPC/ttrpc hops (a few ms) but not CRIU's own frozen window, which dominates.
-// Figures on the 2-core test VM, python with 50 MiB of random heap: dump ≈ 470 ms wall
-// (CRIU frozen ≈ 330 ms, of which memdump ≈ 50 ms and memwrite ≈ 30 ms), 57 MB of images,
-// pack ≈ 160 ms, in-place restore ≈ 320 ms; `ctr c checkpoint --rw --task` ≈ 1.6 s (paused
-// throughout) and `ctr c restore --rw --live` ≈ 460 ms. Most of the rest of the frozen window
-// is CRIU's iptables network lock/unlock (iptables-restore in the sandbox netns) and the
+// Checkpointer.Dump calls task.Checkpoint with an explicit image path (and work path, so CRIU's
+// dump.log and stats-dump stay in the images directory) and without the exit option: the task
+// keeps running, and nothing is written to containerd's content store. containerd's client
+// pauses the task (runc pause) around the dump unless runc already reports it paused. The L3
+// flow (orchestrator/l3.go) pauses it itself through the pool, dumps, captures the upper dir
+// and saves the state document, then resumes it, so the processes do not run between the dump
+// and the capture (it does not freeze the cgroup behind runc's back for an L3 dump, as it does
+// for L1/L2 checkpoints). Driving runc or CRIU directly would save the gRPC/ttrpc hops (a few
+// ms) but not CRIU's own frozen window, which dominates it: most of that window is the memory
+// dump, CRIU's iptables network lock/unlock (iptables-restore in the sandbox netns) and the
 // tar+gzip of each tmpfs mount (/dev, /dev/shm, /run and the masked-path tmpfs mounts).
+// BenchmarkDumpRestore measures a dump and restore of a python process with 50 MiB of heap
+// against `ctr c checkpoint`/`ctr c restore`; docs/benchmarks.md has the end-to-end figures
+// (l3-frozen, l3-restore).
 //
 // # CRIU options
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs everything DeltaBox needs on a Debian 12 host (DESIGN.md section 5):
+# Installs everything DeltaBox needs on a Debian 12 host (docs/design.md, "The stack"):
 # apt packages, containerd + shim + ctr, runc, CRIU (built from Debian trixie's
 # source), CNI plugins, versitygw and staticcheck. Idempotent: binaries are
 # cached under /var/cache/deltabox/bin and a second run only checks versions.

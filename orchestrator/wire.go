@@ -8,7 +8,7 @@ import (
 
 // The API owns its wire types (orchestrator/api links nothing of the daemon); these turn the
 // pool's types into them and back at the HTTP boundary. wire_test.go checks that both sides
-// carry the same JSON fields.
+// carry the same JSON fields. Lists are never nil, so they travel as [] (never null).
 
 func poolTemplate(t api.Template) pool.Template {
 	return pool.Template{Name: t.Name, Image: t.Image, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, Pids: t.Pids,
@@ -25,9 +25,6 @@ func apiPoolInfo(p pool.PoolInfo) api.PoolInfo {
 }
 
 func apiPoolInfos(ps []pool.PoolInfo) []api.PoolInfo {
-	if ps == nil {
-		return nil
-	}
 	out := make([]api.PoolInfo, 0, len(ps))
 	for _, p := range ps {
 		out = append(out, apiPoolInfo(p))
@@ -41,9 +38,6 @@ func apiSandbox(s pool.Sandbox) api.Sandbox {
 }
 
 func apiSandboxes(sbs []pool.Sandbox) []api.Sandbox {
-	if sbs == nil {
-		return nil
-	}
 	out := make([]api.Sandbox, 0, len(sbs))
 	for _, s := range sbs {
 		out = append(out, apiSandbox(s))

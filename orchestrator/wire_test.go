@@ -54,10 +54,14 @@ func TestWireConversionKeepsValues(t *testing.T) {
 	}
 	info := pool.PoolInfo{Template: tmpl, Ready: 1, Creating: 2, Leased: 3}
 	same(info, apiPoolInfo(info))
-	same([]pool.PoolInfo(nil), apiPoolInfos(nil))
+	if j, _ := json.Marshal(apiPoolInfos(nil)); string(j) != "[]" {
+		t.Errorf("no pools travel as %s, want []", j)
+	}
 	same([]pool.PoolInfo{info}, apiPoolInfos([]pool.PoolInfo{info}))
 	same(sb, apiSandbox(sb))
-	same([]pool.Sandbox(nil), apiSandboxes(nil))
+	if j, _ := json.Marshal(apiSandboxes(nil)); string(j) != "[]" {
+		t.Errorf("no sandboxes travel as %s, want []", j)
+	}
 	lr := pool.LeaseResult{Sandbox: sb, Cold: true}
 	same(lr, apiLeaseResult(lr))
 	same(st, apiExitStatus(st))

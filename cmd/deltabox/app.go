@@ -13,7 +13,7 @@ import (
 	"github.com/deltabox/deltabox/orchestrator/client"
 )
 
-// Exit codes of DESIGN.md section 4; `exec` exits with the command's own code.
+// Exit codes of the CLI (docs/design.md, "Contracts"); `exec` exits with the command's own code.
 const (
 	exitOK    = 0
 	exitError = 1

@@ -1,7 +1,7 @@
 // Package api defines the wire types of DeltaBox's HTTP/JSON API (served on a unix socket,
 // versioned under /v1/) and the mapping between internal error classes and the stable error
-// codes of DESIGN.md section 4. It has no behaviour: the orchestrator serves these types and
-// orchestrator/client speaks them.
+// codes (docs/api.md). It has no behaviour and imports nothing of the daemon: the orchestrator
+// converts its own types to these and serves them, and orchestrator/client speaks them.
 package api
 
 // Version is the path prefix of this API.
