@@ -1,42 +1,68 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
-	"time"
+	"strings"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/internal/log"
 )
 
-// CommitResult summarizes a commit.
+// Delivery promise. An effect is sent at least once per commit (or retry) that takes it, and
+// every attempt, across retries, restarts and operator retries, carries the same
+// Idempotency-Key (IdempotencyKey of its ID): an upstream that honours the key applies it
+// exactly once; one that ignores it may apply it once per attempt. Nothing stronger is
+// promised: a connection that breaks after the upstream applied a request cannot be told
+// from one that broke before.
+
+// CommitResult summarizes a commit (or a retry).
 type CommitResult struct {
 	Released int      `json:"released"`
 	Failed   int      `json:"failed"`
 	Effects  []Effect `json:"effects"` // the effects this commit sent, in order, as they ended
 }
 
-// IdempotencyKey is the Idempotency-Key header value sent with an effect: stable across
-// retries and restarts, so an upstream that honours it applies the effect once.
+// FailedError is nil if no effect of r failed, else an errdefs.ErrFailedPrecondition error
+// naming each failed effect, its attempts and its last error.
+func (r CommitResult) FailedError() error {
+	var parts []string
+	for _, e := range r.Effects {
+		if e.Status == StatusFailed {
+			parts = append(parts, fmt.Sprintf("%s (%s %s, %d attempts: %s)", e.ID, e.Method, e.URL, e.Attempts, e.Error))
+		}
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d effects failed: %s; retry or abandon them (deltabox effects retry|abandon): %w",
+		len(parts), strings.Join(parts, "; "), errdefs.ErrFailedPrecondition)
+}
+
+// IdempotencyKey is the Idempotency-Key header value sent with every attempt of an effect:
+// "deltabox-" and the effect's ID, stable across attempts, retries and restarts.
 func IdempotencyKey(effectID string) string { return "deltabox-" + effectID }
 
-// Commit sends every effect held up to now, in recorded order, each with its
-// Idempotency-Key, retrying connection errors and 5xx answers with backoff. The journal
-// records the commit and each effect's "sending" state first, so that ResumeCommits finishes
-// an interrupted commit after a crash. An error (e.g. a cancelled ctx) leaves the rest held.
+// Commit is CommitTo of every effect held now.
 func (p *Proxy) Commit(ctx context.Context, sandboxID string) (CommitResult, error) {
 	return p.CommitTo(ctx, sandboxID, 0)
 }
 
-// CommitTo is Commit of the effects with seq <= upto only (0: every effect held now): the
-// caller fixed the cut earlier, e.g. the watermark at its commit point, and effects recorded
-// since stay held. Calling it again with the same upto finishes an interrupted commit.
+// CommitTo sends the effects held with seq <= upto (0: every effect held now), in recorded
+// order, each with its Idempotency-Key, retrying connection errors, timeouts, 408, 429 and
+// 5xx answers within the configured attempts (WithCommitRetry, WithCommitTimeout). The
+// caller fixed the cut earlier (e.g. the watermark at its commit point); effects recorded
+// since stay held, and calling it again with the same upto finishes an interrupted commit.
+//
+// The journal records the commit and each effect's "sending" state durably before its first
+// byte is sent, so ResumeCommits finishes an interrupted commit after a crash. The caller
+// need hold no lock: commits, retries and resumes of a sandbox serialize among themselves,
+// and a concurrent Rollback never drops an effect a commit took (or the reverse). An effect
+// that used up its attempts is failed and counted in Failed (see FailedError): it is the
+// operator's to retry or abandon. An error (e.g. a cancelled ctx, a damaged journal) leaves
+// the rest held, or sending for ResumeCommits.
 func (p *Proxy) CommitTo(ctx context.Context, sandboxID string, upto uint64) (CommitResult, error) {
 	j, err := p.journalFor(ctx, sandboxID, false)
 	if errdefs.IsNotFound(err) && checkID(sandboxID) == nil {
@@ -45,8 +71,8 @@ func (p *Proxy) CommitTo(ctx context.Context, sandboxID string, upto uint64) (Co
 	if err != nil {
 		return CommitResult{}, err
 	}
-	j.op.Lock()
-	defer j.op.Unlock()
+	j.send.Lock()
+	defer j.send.Unlock()
 	j.mu.Lock()
 	if upto == 0 || upto > j.seq {
 		upto = j.seq
@@ -66,7 +92,9 @@ func (p *Proxy) CommitTo(ctx context.Context, sandboxID string, upto uint64) (Co
 	return res, err
 }
 
-// ResumeCommits finishes every commit a previous process started and did not finish.
+// ResumeCommits finishes every commit a previous process started and did not finish. It may
+// run in the background while the proxy serves: each sandbox's commit serializes with new
+// commits and retries of that sandbox, and ctx bounds it.
 func (p *Proxy) ResumeCommits(ctx context.Context) error {
 	p.mu.RLock()
 	ids := make(map[string]*journal, len(p.journals))
@@ -76,31 +104,55 @@ func (p *Proxy) ResumeCommits(ctx context.Context) error {
 	p.mu.RUnlock()
 	var errs []error
 	for id, j := range ids {
-		j.op.Lock()
-		j.mu.Lock()
-		upto := j.pending
-		j.mu.Unlock()
-		if upto > 0 {
-			log.L(ctx).Info("proxy: resuming interrupted commit", "sandbox", id, "upto", upto)
-			if _, err := p.release(ctx, id, j, upto); err != nil {
-				errs = append(errs, err)
-			}
+		if err := p.resume(ctx, id, j); err != nil {
+			errs = append(errs, err)
 		}
-		j.op.Unlock()
 	}
 	return errors.Join(errs...)
 }
 
-// release sends the held (or interrupted) effects up to upto. Callers hold j.op.
+func (p *Proxy) resume(ctx context.Context, id string, j *journal) error {
+	j.send.Lock()
+	defer j.send.Unlock()
+	j.mu.Lock()
+	upto, derr := j.pending, j.damageError()
+	j.mu.Unlock()
+	if upto == 0 {
+		return nil
+	}
+	if derr != nil {
+		return fmt.Errorf("resume commit of %s: %w", id, derr)
+	}
+	log.L(ctx).Info("proxy: resuming interrupted commit", "sandbox", id, "upto", upto)
+	_, err := p.release(ctx, id, j, upto)
+	return err
+}
+
+// release sends the held (or interrupted) effects up to upto. Callers hold j.send.
 func (p *Proxy) release(ctx context.Context, sandboxID string, j *journal, upto uint64) (CommitResult, error) {
-	var res CommitResult
 	todo := j.snapshot(func(st *effectState) bool {
 		return st.Seq <= upto && (st.Status == StatusHeld || st.Status == StatusSending)
 	})
+	res, err := p.sendAll(ctx, sandboxID, j, todo, StatusHeld, StatusSending)
+	if err != nil {
+		return res, err
+	}
+	if err := j.append(&record{Type: recCommitDone, Upto: upto}, true); err != nil {
+		return res, fmt.Errorf("commit %s: %w", sandboxID, err)
+	}
+	return res, nil
+}
+
+// sendAll sends each effect of todo that is still in one of the from states.
+func (p *Proxy) sendAll(ctx context.Context, sandboxID string, j *journal, todo []*effectState, from ...Status) (CommitResult, error) {
+	var res CommitResult
 	for _, st := range todo {
-		e, err := p.sendEffect(ctx, sandboxID, j, st)
+		e, sent, err := p.sendEffect(ctx, sandboxID, j, st, from...)
 		if err != nil {
 			return res, fmt.Errorf("commit %s: effect %s: %w", sandboxID, st.ID, err)
+		}
+		if !sent {
+			continue // a rollback dropped it meanwhile
 		}
 		res.Effects = append(res.Effects, e)
 		if e.Status == StatusReleased {
@@ -109,160 +161,99 @@ func (p *Proxy) release(ctx context.Context, sandboxID string, j *journal, upto 
 			res.Failed++
 		}
 	}
-	if err := j.append(&record{Type: recCommitDone, Upto: upto}, true); err != nil {
-		return res, fmt.Errorf("commit %s: %w", sandboxID, err)
-	}
 	return res, nil
 }
 
-// sendEffect marks st sending, delivers it and records the outcome.
-func (p *Proxy) sendEffect(ctx context.Context, sandboxID string, j *journal, st *effectState) (Effect, error) {
-	se, err := j.load(st)
-	if err != nil {
-		return Effect{}, err
-	}
-	if st.Status == StatusHeld {
-		if err := j.append(&record{Type: recStatus, ID: st.ID, Status: StatusSending}, true); err != nil {
-			return Effect{}, err
-		}
-	}
-	status, attempts, derr := p.deliver(ctx, sandboxID, se.Request, IdempotencyKey(se.ID))
-	if ctx.Err() != nil {
-		return Effect{}, ctx.Err() // stays "sending"; a later commit or ResumeCommits retries it
-	}
-	return p.finishEffect(ctx, j, st, StatusReleased, status, st.Attempts+attempts, derr)
-}
-
-// finishEffect records the outcome of sending an effect (or its compensation).
-func (p *Proxy) finishEffect(ctx context.Context, j *journal, st *effectState, ok Status, code, attempts int, derr error) (Effect, error) {
-	rec := &record{Type: recStatus, ID: st.ID, Status: ok, ResponseStatus: code, Attempts: attempts}
-	if derr != nil || code >= 400 {
-		rec.Status = StatusFailed
-		if derr != nil {
-			rec.Error = derr.Error()
-		} else {
-			rec.Error = fmt.Sprintf("upstream answered %d", code)
-		}
-	}
-	if err := j.append(rec, true); err != nil {
-		return Effect{}, err
-	}
-	p.metrics.effectDone(rec.Status)
-	log.L(ctx).Info("proxy effect", "effect", st.ID, "status", rec.Status, "response_status", code, "attempts", attempts, "error", rec.Error)
-	e, err := j.effect(st.ID)
-	return e, err
-}
-
-// deliver sends req with retries on connection errors and 5xx; it returns the last status.
-func (p *Proxy) deliver(ctx context.Context, sandboxID string, req storedRequest, key string) (int, int, error) {
-	backoff := p.cfg.commitBackoff
-	var lastErr error
-	status := 0
-	for attempt := 1; attempt <= p.cfg.commitAttempts; attempt++ {
-		status, lastErr = p.sendOnce(ctx, sandboxID, req, key)
-		if errdefs.IsPermissionDenied(lastErr) || errdefs.IsInvalidArgument(lastErr) {
-			return status, attempt, lastErr
-		}
-		if lastErr == nil && status < 500 {
-			return status, attempt, nil
-		}
-		if attempt == p.cfg.commitAttempts {
-			return status, attempt, lastErr
-		}
-		select {
-		case <-ctx.Done():
-			return status, attempt, ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 10*time.Second)
-	}
-	return status, p.cfg.commitAttempts, lastErr
-}
-
-// sendOnce makes one attempt; the destination is checked and pinned like a passed request.
-func (p *Proxy) sendOnce(ctx context.Context, sandboxID string, req storedRequest, key string) (int, error) {
-	u, err := url.Parse(req.URL)
-	if err != nil {
-		return 0, fmt.Errorf("effect URL: %w: %w", errdefs.ErrInvalidArgument, err)
-	}
-	host, _, err := splitHostPort(u.Host, defaultPort(u.Scheme))
-	if err != nil {
-		return 0, fmt.Errorf("effect URL: %w: %w", errdefs.ErrInvalidArgument, err)
-	}
-	addrs, err := p.resolve(ctx, host, req.AllowPrivate)
-	if err != nil {
-		return 0, err
-	}
-	out, err := http.NewRequestWithContext(withPinned(ctx, addrs), req.Method, req.URL, bytes.NewReader(req.Body))
-	if err != nil {
-		return 0, fmt.Errorf("effect request: %w: %w", errdefs.ErrInvalidArgument, err)
-	}
-	out.Header = req.Header.Clone()
-	if out.Header == nil {
-		out.Header = http.Header{}
-	}
-	out.Header.Set("Idempotency-Key", key)
-	resp, err := p.transportFor(sandboxID).RoundTrip(out)
-	if err != nil {
-		return 0, err
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	resp.Body.Close()
-	return resp.StatusCode, nil
-}
-
-// Rollback undoes the sandbox's effects above watermark, newest first: held effects are
-// dropped (never sent), passed effects with a compensating request get it sent. Effects
-// already released by a commit cannot be undone and are left alone.
-func (p *Proxy) Rollback(ctx context.Context, sandboxID string, watermark uint64) (dropped, compensated int, err error) {
+// Retry sends failed effects of the sandbox again, with a fresh budget of attempts and the
+// same Idempotency-Key: the ones named, or every failed one if none is. A failed
+// compensation is retried as the compensating request. On a damaged journal (Damage) only
+// named effects are sent, and held or sending ones may be named too if a commit already
+// took their sequence number: the operator decided. Effects the sandbox has not committed
+// are never sent. The result's FailedError tells what failed again.
+func (p *Proxy) Retry(ctx context.Context, sandboxID string, effectIDs ...string) (CommitResult, error) {
 	j, err := p.journalFor(ctx, sandboxID, false)
-	if errdefs.IsNotFound(err) && checkID(sandboxID) == nil {
-		return 0, 0, nil
-	}
 	if err != nil {
-		return 0, 0, err
+		return CommitResult{}, err
 	}
-	j.op.Lock()
-	defer j.op.Unlock()
-	todo := j.snapshot(func(st *effectState) bool {
-		return st.Seq > watermark && (st.Status == StatusHeld || (st.Status == StatusPassed && st.compensation))
-	})
-	for i := len(todo) - 1; i >= 0; i-- {
-		st := todo[i]
-		if st.Status == StatusHeld {
-			if err := j.append(&record{Type: recStatus, ID: st.ID, Status: StatusDropped}, false); err != nil {
-				return dropped, compensated, err
-			}
-			p.metrics.effectDone(StatusDropped)
-			dropped++
-			continue
-		}
-		e, err := p.compensateEffect(ctx, sandboxID, j, st)
-		if err != nil {
-			return dropped, compensated, fmt.Errorf("rollback %s: effect %s: %w", sandboxID, st.ID, err)
-		}
-		if e.Status == StatusCompensated {
-			compensated++
-		}
+	j.send.Lock()
+	defer j.send.Unlock()
+	todo, from, err := j.retryable(effectIDs)
+	if err != nil {
+		return CommitResult{}, fmt.Errorf("retry effects of %s: %w", sandboxID, err)
 	}
-	if err := j.flush(); err != nil {
-		return dropped, compensated, err
-	}
-	j.maybeCompact(ctx)
-	return dropped, compensated, nil
+	return p.sendAll(ctx, sandboxID, j, todo, from...)
 }
 
-func (p *Proxy) compensateEffect(ctx context.Context, sandboxID string, j *journal, st *effectState) (Effect, error) {
-	se, err := j.load(st)
+// retryable picks the effects Retry sends and the states they may be taken from.
+func (j *journal) retryable(ids []string) ([]*effectState, []Status, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	derr := j.damageError()
+	if len(ids) == 0 {
+		if derr != nil {
+			return nil, nil, fmt.Errorf("name the effects to retry: %w", derr)
+		}
+		var out []*effectState
+		for _, st := range j.effects {
+			if st.Status == StatusFailed {
+				c := *st
+				out = append(out, &c)
+			}
+		}
+		return out, []Status{StatusFailed}, nil
+	}
+	from := []Status{StatusFailed}
+	if derr != nil {
+		from = append(from, StatusHeld, StatusSending)
+	}
+	var out []*effectState
+	for _, id := range ids {
+		st := j.byID[id]
+		switch {
+		case st == nil:
+			return nil, nil, fmt.Errorf("effect %q: %w", sanitize(id), errdefs.ErrNotFound)
+		case !contains(from, st.Status) || st.Seq > j.committed:
+			return nil, nil, fmt.Errorf("effect %s is %s, not failed in a commit: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+		}
+		c := *st
+		out = append(out, &c)
+	}
+	return out, from, nil
+}
+
+// Abandon gives up a failed effect for good: it is never sent again and stays listed as
+// abandoned. On a damaged journal, held or sending effects may be abandoned too (the
+// operator decided what the lost records cannot tell).
+func (p *Proxy) Abandon(ctx context.Context, sandboxID, effectID string) (Effect, error) {
+	j, err := p.journalFor(ctx, sandboxID, false)
 	if err != nil {
 		return Effect{}, err
 	}
-	if se.Compensation == nil {
-		return p.finishEffect(ctx, j, st, StatusCompensated, 0, 0, errors.New(se.CompensateErr))
+	j.send.Lock()
+	defer j.send.Unlock()
+	from := []Status{StatusFailed}
+	if j.isDamaged() {
+		from = append(from, StatusHeld, StatusSending)
 	}
-	status, attempts, derr := p.deliver(ctx, sandboxID, *se.Compensation, IdempotencyKey(se.ID+"-compensate"))
-	if ctx.Err() != nil {
-		return Effect{}, ctx.Err()
+	ok, err := j.transition(&record{Type: recStatus, ID: effectID, Status: StatusAbandoned, Error: "abandoned by the operator"}, true, from...)
+	if err != nil {
+		return Effect{}, fmt.Errorf("abandon effect %s of %s: %w", effectID, sandboxID, err)
 	}
-	return p.finishEffect(ctx, j, st, StatusCompensated, status, attempts, derr)
+	e, eerr := j.effect(effectID)
+	if eerr != nil {
+		return Effect{}, fmt.Errorf("abandon effect %q of %s: %w", sanitize(effectID), sandboxID, eerr)
+	}
+	if !ok {
+		return e, fmt.Errorf("abandon effect %s of %s: it is %s, not failed: %w", effectID, sandboxID, e.Status, errdefs.ErrFailedPrecondition)
+	}
+	p.metrics.effectDone(StatusAbandoned)
+	log.L(ctx).Info("proxy effect", "sandbox", sandboxID, "effect", effectID, "status", StatusAbandoned)
+	return e, nil
+}
+
+// isDamaged reports whether the journal is damaged.
+func (j *journal) isDamaged() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.damageError() != nil
 }

@@ -47,8 +47,9 @@ func (j *journal) reclaimable() int64 {
 	return n
 }
 
-// maybeCompact compacts the journal when it is worth it. Callers hold j.op, so no commit or
-// rollback of the sandbox runs meanwhile; new effects wait on j.mu for the rewrite, and an
+// maybeCompact compacts the journal when it is worth it. Callers hold j.op or j.send; the
+// other may be running: it reads effects by ID under j.mu (load), so the moved offsets are
+// never read stale; new effects wait on j.mu for the rewrite, and an
 // fsync in flight (syncMu, taken first as syncTo does) finishes on the old file before it is
 // closed.
 func (j *journal) maybeCompact(ctx context.Context) {
@@ -135,8 +136,21 @@ func (j *journal) compacted() ([]byte, error) {
 		if err := add(&record{Type: recEffect, Effect: se}); err != nil {
 			return nil, err
 		}
+		for i := range st.History {
+			if err := add(&record{Type: recAttempt, ID: st.ID, Attempt: &st.History[i]}); err != nil {
+				return nil, err
+			}
+		}
 		if err := add(&record{Type: recStatus, ID: st.ID, Status: st.Status, ResponseStatus: st.ResponseStatus,
 			Attempts: st.Attempts, Error: st.Error}); err != nil {
+			return nil, err
+		}
+	}
+	if j.committed > 0 {
+		if err := add(&record{Type: recCommit, Upto: j.committed}); err != nil {
+			return nil, err
+		}
+		if err := add(&record{Type: recCommitDone, Upto: j.committed}); err != nil {
 			return nil, err
 		}
 	}

@@ -22,20 +22,30 @@ const (
 	StatusDropped     Status = "dropped"     // rolled back before it was sent
 	StatusPassed      Status = "passed"      // sent at once (compensate, or pass when recorded)
 	StatusCompensated Status = "compensated" // rolled back: its compensating request was sent
+	StatusAbandoned   Status = "abandoned"   // the operator gave it up after it failed: never sent again
 )
 
 // Effect is the public view of a journaled request.
 type Effect struct {
-	ID             string    `json:"id"`
-	Seq            uint64    `json:"seq"`
-	Checkpoint     string    `json:"checkpoint"`
-	Method         string    `json:"method"`
-	URL            string    `json:"url"`
-	Status         Status    `json:"status"`
-	ResponseStatus int       `json:"response_status,omitempty"`
-	Attempts       int       `json:"attempts"`
-	Created        time.Time `json:"created"`
-	Error          string    `json:"error,omitempty"`
+	ID             string     `json:"id"`
+	Seq            uint64     `json:"seq"`
+	Checkpoint     string     `json:"checkpoint"`
+	Method         string     `json:"method"`
+	URL            string     `json:"url"`
+	Status         Status     `json:"status"`
+	ResponseStatus int        `json:"response_status,omitempty"`
+	Attempts       int        `json:"attempts"`
+	Created        time.Time  `json:"created"`
+	Error          string     `json:"error,omitempty"`        // the last attempt's error
+	History        []Attempt  `json:"history,omitempty"`      // every delivery attempt, oldest first
+	NextAttempt    *time.Time `json:"next_attempt,omitempty"` // while a commit waits to try again
+}
+
+// Attempt is the outcome of one delivery attempt of an effect (or of its compensation).
+type Attempt struct {
+	Time   time.Time `json:"time"`
+	Status int       `json:"status,omitempty"` // the upstream's answer, 0 if none came
+	Error  string    `json:"error,omitempty"`  // why it failed (also a 5xx answer), "" if it did not
 }
 
 // SetCheckpoint tags the effects the sandbox records from now on with ckpt (durably, so
@@ -155,7 +165,9 @@ func (p *Proxy) RemoveSandbox(sandboxID string) error {
 	}
 	p.mu.Unlock()
 	if j != nil {
-		j.op.Lock() // wait for a running commit or rollback
+		j.send.Lock() // wait for a running commit and rollback
+		defer j.send.Unlock()
+		j.op.Lock()
 		defer j.op.Unlock()
 		_ = j.close()
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -55,7 +56,7 @@ func TestHoldThenCommitOnce(t *testing.T) {
 		t.Fatalf("commit: %+v %v", res, err)
 	}
 	got := up.seen()
-	if len(got) != 2 || got[0].Path != "/orders/1" || got[1].Body != "two" || got[0].Key != IdempotencyKey(id1) {
+	if len(got) != 2 || got[0].Path != "/orders/1" || got[1].Body != "two" || got[0].Key != "deltabox-"+id1 {
 		t.Fatalf("upstream saw %+v", got)
 	}
 	eff, err := e.p.Effect("sb-a", id2)
@@ -112,7 +113,7 @@ func TestHoldThenRollbackDrops(t *testing.T) {
 	if res, err := e.p.Commit(e.ctx, "sb-a"); err != nil || res.Released != 1 {
 		t.Fatalf("commit: %+v %v", res, err)
 	}
-	if got := up.seen(); len(got) != 1 || got[0].Path != "/keep" || got[0].Key != IdempotencyKey(keep) {
+	if got := up.seen(); len(got) != 1 || got[0].Path != "/keep" || got[0].Key != "deltabox-"+keep {
 		t.Fatalf("upstream saw %+v", got)
 	}
 }
@@ -280,7 +281,7 @@ func TestResumeCommitAfterCrash(t *testing.T) {
 		t.Fatalf("upstream applied %+v", got)
 	}
 	up.mu.Lock()
-	slowKeys := up.keys[IdempotencyKey(ids[1])]
+	slowKeys := up.keys["deltabox-"+ids[1]]
 	up.mu.Unlock()
 	if slowKeys != 2 {
 		t.Fatalf("interrupted effect sent %d times, want 2 (same key)", slowKeys)
@@ -372,7 +373,7 @@ func TestJournalCompaction(t *testing.T) {
 		t.Fatalf("effects after restart: %+v", after)
 	}
 	for i := range before {
-		if before[i] != after[i] {
+		if !reflect.DeepEqual(before[i], after[i]) || len(after[i].History) != after[i].Attempts {
 			t.Fatalf("effect %d changed across compaction and restart: %+v, then %+v", i, before[i], after[i])
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,8 @@ const (
 	recCheckpoint = "checkpoint"
 	recCommit     = "commit"
 	recCommitDone = "commit_done"
-	recDamage     = "damage" // the journal is known to lack records up to Upto (Error says why)
+	recDamage     = "damage"  // the journal is known to lack records up to Upto (Error says why)
+	recAttempt    = "attempt" // one delivery attempt of effect ID and its outcome
 )
 
 type record struct {
@@ -38,6 +40,7 @@ type record struct {
 	Error          string        `json:"err,omitempty"`
 	Checkpoint     string        `json:"c,omitempty"`
 	Upto           uint64        `json:"u,omitempty"`
+	Attempt        *Attempt      `json:"at,omitempty"`
 }
 
 // storedRequest is a request as journaled: everything needed to send it later.
@@ -76,20 +79,22 @@ type effectState struct {
 type journal struct {
 	path  string
 	limit int64      // bytes; effect records beyond it are refused
-	op    sync.Mutex // serializes Commit and Rollback of the sandbox
+	op    sync.Mutex // serializes rollbacks of the sandbox (and its removal)
+	send  sync.Mutex // serializes commits, retries and resumed commits (and removal)
 
-	mu      sync.Mutex
-	f       journalFile
-	size    int64
-	err     error  // sticky: set when an fsync failed or a partial record could not be cut off
-	damaged []span // bytes that do not decode, with intact records after them (journal_scan.go)
-	missing string // why the journal is known to lack records (ExpectWatermark), "" if not
-	written uint64
-	seq     uint64
-	ckpt    string
-	effects []*effectState
-	byID    map[string]*effectState
-	pending uint64 // upto of an unfinished commit, 0 if none
+	mu        sync.Mutex
+	f         journalFile
+	size      int64
+	err       error  // sticky: set when an fsync failed or a partial record could not be cut off
+	damaged   []span // bytes that do not decode, with intact records after them (journal_scan.go)
+	missing   string // why the journal is known to lack records (ExpectWatermark), "" if not
+	written   uint64
+	seq       uint64
+	ckpt      string
+	effects   []*effectState
+	byID      map[string]*effectState
+	pending   uint64 // upto of an unfinished commit, 0 if none
+	committed uint64 // the highest upto any commit began with
 
 	syncMu sync.Mutex
 	synced atomic.Uint64
@@ -177,11 +182,16 @@ func (j *journal) apply(r *record, off, size int64) {
 	case recCheckpoint:
 		j.ckpt = r.Checkpoint
 	case recCommit:
-		j.pending = r.Upto
+		j.pending, j.committed = r.Upto, max(j.committed, r.Upto)
 	case recCommitDone:
 		j.pending = 0
 	case recDamage:
 		j.missing, j.seq = r.Error, max(j.seq, r.Upto)
+	case recAttempt:
+		if st := j.byID[r.ID]; st != nil && r.Attempt != nil {
+			st.History = append(slices.Clip(st.History), *r.Attempt) // snapshots share the old array
+			st.Attempts++
+		}
 	}
 }
 
@@ -198,6 +208,7 @@ func (j *journal) applyStatus(r *record) {
 		st.Attempts = r.Attempts
 	}
 	st.Error = r.Error
+	st.NextAttempt = nil
 }
 
 func (e *storedEffect) public() Effect {
@@ -221,6 +232,11 @@ func (j *journal) append(r *record, durable bool) error {
 func (j *journal) write(r *record) (uint64, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	return j.writeLocked(r)
+}
+
+// writeLocked is write with j.mu held.
+func (j *journal) writeLocked(r *record) (uint64, error) {
 	if j.err != nil {
 		return 0, j.err
 	}
@@ -280,15 +296,51 @@ func (j *journal) syncTo(ticket uint64) error {
 	return nil
 }
 
-// load reads the full journaled form of an effect back from disk.
+// load reads the full journaled form of an effect back from disk, at its current offset (a
+// compaction may have moved it since st was copied).
 func (j *journal) load(st *effectState) (*storedEffect, error) {
 	j.mu.Lock()
-	f := j.f
-	j.mu.Unlock()
-	if f == nil {
+	defer j.mu.Unlock()
+	if j.f == nil {
 		return nil, fmt.Errorf("journal %s is closed: %w", j.path, errdefs.ErrNotFound)
 	}
-	return readEffect(f, st)
+	cur := j.byID[st.ID]
+	if cur == nil {
+		return nil, fmt.Errorf("effect %s: %w", st.ID, errdefs.ErrNotFound)
+	}
+	return readEffect(j.f, cur)
+}
+
+// transition appends r (a status record of r.ID) only if the effect's status is one of from,
+// checked and written under one lock, so that a commit and a rollback never both take an
+// effect; an effect already in r's status is taken without a record. It reports whether the
+// effect was taken; with durable, the record is on disk when it returns.
+func (j *journal) transition(r *record, durable bool, from ...Status) (bool, error) {
+	j.mu.Lock()
+	st := j.byID[r.ID]
+	if st == nil || !slices.Contains(from, st.Status) {
+		j.mu.Unlock()
+		return false, nil
+	}
+	if st.Status == r.Status {
+		j.mu.Unlock()
+		return true, nil
+	}
+	ticket, err := j.writeLocked(r)
+	j.mu.Unlock()
+	if err != nil || !durable {
+		return err == nil, err
+	}
+	return true, j.syncTo(ticket)
+}
+
+// setNext shows when the next attempt of an effect is due (not journaled).
+func (j *journal) setNext(id string, at time.Time) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if st := j.byID[id]; st != nil {
+		st.NextAttempt = &at
+	}
 }
 
 // readEffect reads the effect record of st from f.

@@ -26,23 +26,25 @@ type Dialer interface {
 type OriginalDstFunc func(c net.Conn) (netip.AddrPort, error)
 
 type config struct {
-	stateDir        string
-	listenAddrs     []string
-	transparentAddr []string
-	extraRootsPEM   [][]byte
-	bodyLimit       int64
-	leafCacheSize   int
-	resolver        Resolver
-	dialer          Dialer
-	clock           func() time.Time
-	registerer      prometheus.Registerer
-	originalDst     OriginalDstFunc
-	commitAttempts  int
-	commitBackoff   time.Duration
-	recordPassed    bool
-	journalLimit    int64
-	nodeAddrs       NodeAddrsFunc
-	gateways        []netip.Addr
+	stateDir         string
+	listenAddrs      []string
+	transparentAddr  []string
+	extraRootsPEM    [][]byte
+	bodyLimit        int64
+	leafCacheSize    int
+	resolver         Resolver
+	dialer           Dialer
+	clock            func() time.Time
+	registerer       prometheus.Registerer
+	originalDst      OriginalDstFunc
+	commitAttempts   int
+	commitBackoff    time.Duration
+	commitBackoffMax time.Duration
+	commitTimeout    time.Duration
+	recordPassed     bool
+	journalLimit     int64
+	nodeAddrs        NodeAddrsFunc
+	gateways         []netip.Addr
 }
 
 // Option configures New.
@@ -92,10 +94,37 @@ func WithRegisterer(reg prometheus.Registerer) Option {
 // WithOriginalDst replaces SO_ORIGINAL_DST lookups on transparent connections (tests).
 func WithOriginalDst(f OriginalDstFunc) Option { return func(c *config) { c.originalDst = f } }
 
-// WithCommitRetry sets the attempts per effect on commit (default 5) and the first backoff
-// (default 100ms, doubling).
+// WithCommitRetry sets the attempts per effect on commit (default 5; a retry by the operator
+// grants as many again) and the wait before the second attempt (default 100ms, doubling up to
+// WithCommitBackoffMax).
 func WithCommitRetry(attempts int, backoff time.Duration) Option {
-	return func(c *config) { c.commitAttempts, c.commitBackoff = attempts, backoff }
+	return func(c *config) {
+		if attempts > 0 {
+			c.commitAttempts = attempts
+		}
+		if backoff > 0 {
+			c.commitBackoff = backoff
+		}
+	}
+}
+
+// WithCommitBackoffMax caps the doubling wait between attempts (default 10s).
+func WithCommitBackoffMax(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.commitBackoffMax = d
+		}
+	}
+}
+
+// WithCommitTimeout bounds each attempt to send an effect: connect, TLS, the answer and its
+// body (default 30s). A black-holed upstream costs at most attempts x (timeout + backoff).
+func WithCommitTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.commitTimeout = d
+		}
+	}
 }
 
 // WithNodeAddrs replaces the listing of the node's own interface addresses, which the proxy
@@ -120,15 +149,17 @@ func WithJournalLimit(n int64) Option { return func(c *config) { c.journalLimit 
 
 func defaultConfig() config {
 	return config{
-		bodyLimit:      DefaultBodyLimit,
-		leafCacheSize:  1024,
-		resolver:       net.DefaultResolver,
-		dialer:         &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
-		clock:          time.Now,
-		originalDst:    originalDst,
-		commitAttempts: 5,
-		commitBackoff:  100 * time.Millisecond,
-		journalLimit:   1 << 30,
-		nodeAddrs:      interfacePrefixes,
+		bodyLimit:        DefaultBodyLimit,
+		leafCacheSize:    1024,
+		resolver:         net.DefaultResolver,
+		dialer:           &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
+		clock:            time.Now,
+		originalDst:      originalDst,
+		commitAttempts:   5,
+		commitBackoff:    100 * time.Millisecond,
+		commitBackoffMax: 10 * time.Second,
+		commitTimeout:    30 * time.Second,
+		journalLimit:     1 << 30,
+		nodeAddrs:        interfacePrefixes,
 	}
 }
