@@ -13,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
+
 	"github.com/deltabox/deltabox/internal/testutil"
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/pool"
 )
 
 // The fault suite: the daemon is made to die (failpoint "exit", status 137, as kill -9) at a
@@ -262,4 +265,60 @@ func TestFaultsHungUpstream(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("API answered %s after a restart with a hung commit to resume", took)
 	}
+}
+
+// nodeContainers counts the containers of the daemon's node.
+func (d *daemon) nodeContainers() int {
+	d.t.Helper()
+	data, err := os.ReadFile(filepath.Join(d.root, "node-id"))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	c, err := containerd.New(d.env.containerd, containerd.WithDefaultNamespace("deltabox"))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer c.Close()
+	cs, err := c.Containers(context.Background(), fmt.Sprintf(`labels.%q==%s`, pool.LabelNode, strings.TrimSpace(string(data))))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return len(cs)
+}
+
+// TestFaultsDestroyRetried: a destroy that fails (containerd unavailable) is retried in the
+// background, and at the next start; the released sandbox never comes back as leased.
+func TestFaultsDestroyRetried(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1, "--max", "3")
+	for _, c := range []struct {
+		name, spec string
+		restart    bool
+	}{{"retried", "pool/destroy=1*error", false}, {"at-start", "pool/destroy=error", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			d.t = t
+			d.restartWith(c.spec)
+			id := d.lease("bb").ID
+			d.waitReady("bb", 1, 60*time.Second)
+			n := d.nodeContainers()
+			d.cli("release", id)
+			if c.restart {
+				time.Sleep(200 * time.Millisecond) // the failed destroy records its tombstone
+				d.restartWith("")
+			}
+			testutil.WaitFor(t, 30*time.Second, 50*time.Millisecond, "the released sandbox's container to go", func() bool {
+				return d.nodeContainers() == n-1
+			})
+			sbs, err := d.client().Sandboxes(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sb := range sbs {
+				if sb.ID == id {
+					t.Fatalf("released sandbox %s is leased again after its destroy failed", id)
+				}
+			}
+		})
+	}
+	d.t = t
 }

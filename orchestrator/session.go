@@ -37,7 +37,7 @@ type session struct {
 	ckpts    []ckptRecord // oldest first
 	frz      freezer
 	intents  *intentLog
-	pending  *rollbackIntent // a rollback that failed after it began; finished before anything else
+	pending  *rollbackIntent          // a rollback that failed after it began; finished before anything else
 	openRoot func() (*os.File, error) // the sandbox's root (default sb.OpenRoot; fakes in tests)
 
 	ready     chan struct{} // closed once open finished

@@ -302,16 +302,42 @@ func (m *Manager) destroyAll(ctx context.Context, sbs []*sandbox) {
 	wg.Wait()
 }
 
-// destroy removes a sandbox's container and record; failures are logged, and reconcile
-// retries them at the next start.
+// destroy removes a sandbox's container and record. A failed destroy leaves a tombstone in
+// the record and is retried in the background (and by reconcile at the next start).
 func (m *Manager) destroy(ctx context.Context, sb *sandbox) {
 	sb.inst.ref.Load().retire()
-	if err := m.rt.destroy(ctx, sb.rec.CID); err != nil {
-		log.L(ctx).Error("destroy sandbox", "container", sb.rec.CID, "error", err)
+	rec := sb.rec
+	if err := m.rt.destroy(ctx, rec.CID); err != nil {
+		log.L(ctx).Error("destroy sandbox (retried)", "container", rec.CID, "error", err)
+		rec.Destroying = true
+		if err := m.st.put(bucketContainers, rec.CID, rec); err != nil {
+			log.L(ctx).Error("record destroy tombstone", "container", rec.CID, "error", err)
+		}
+		go m.retryDestroy(context.WithoutCancel(ctx), rec.CID)
 		return
 	}
-	if err := m.st.delete(bucketContainers, sb.rec.CID); err != nil {
-		log.L(ctx).Error("forget sandbox", "container", sb.rec.CID, "error", err)
+	if err := m.st.delete(bucketContainers, rec.CID); err != nil {
+		log.L(ctx).Error("forget sandbox", "container", rec.CID, "error", err)
+	}
+}
+
+// retryDestroy retries a failed destroy with backoff until it succeeds or the manager closes.
+func (m *Manager) retryDestroy(ctx context.Context, cid string) {
+	for delay := time.Second; ; delay = min(2*delay, time.Minute) {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		if err := m.rt.destroy(ctx, cid); err != nil {
+			log.L(ctx).Warn("destroy sandbox", "container", cid, "error", err, "retry_in", 2*delay)
+			continue
+		}
+		if err := m.st.delete(bucketContainers, cid); err != nil {
+			log.L(ctx).Error("forget sandbox", "container", cid, "error", err)
+		}
+		log.L(ctx).Info("sandbox destroyed on retry", "container", cid)
+		return
 	}
 }
 

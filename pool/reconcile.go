@@ -59,6 +59,8 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container, rec record,
 	switch {
 	case !recorded:
 		reason = "no record"
+	case rec.Destroying:
+		reason = "an earlier destroy failed"
 	case p == nil:
 		reason = "pool " + rec.Pool + " is gone"
 	default:

@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/pool/initproto"
 	"github.com/deltabox/deltabox/pool/network"
@@ -288,6 +289,9 @@ func (r *runtime) templateSpec(img containerd.Image, t *Template, cid, runDir st
 // destroy kills the sandbox's task and deletes its container, snapshot and directory.
 // Missing pieces are fine: destroy is used to clean up half-created sandboxes too.
 func (r *runtime) destroy(ctx context.Context, cid string) error {
+	if err := failpoint.Inject("pool/destroy"); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	c, err := r.client.LoadContainer(ctx, cid)

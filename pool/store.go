@@ -29,6 +29,9 @@ type record struct {
 	Pool    string    `json:"pool"`
 	Created time.Time `json:"created"`
 	Lease   *Lease    `json:"lease,omitempty"` // nil while ready
+	// Destroying is the tombstone of a sandbox whose destroy failed: it is retried, and the
+	// next start destroys it instead of adopting it (a released lease never comes back).
+	Destroying bool `json:"destroying,omitempty"`
 }
 
 // store keeps pool templates and sandbox records in a bbolt database, which commits
