@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/deltabox/deltabox/internal/config"
+	"github.com/deltabox/deltabox/pool/network"
 )
 
 func runArgs(args ...string) (string, string, int) {
@@ -118,5 +119,15 @@ func TestReorderArgs(t *testing.T) {
 		if got := strings.Join(reorderArgs(app, strings.Fields(in)), " "); got != want {
 			t.Errorf("reorder %q:\n got  %q\n want %q", in, got, want)
 		}
+	}
+}
+
+// TestConfigDefaultsAgreeWithLibraries: the library defaults a zero option falls back to are
+// the config's defaults, so a daemon without a config file and a library user get the same.
+func TestConfigDefaultsAgreeWithLibraries(t *testing.T) {
+	c := config.Default().Network
+	if c.Name != network.DefaultNetworkName || c.Bridge != network.DefaultBridge || c.Subnet != network.DefaultSubnet.String() {
+		t.Errorf("config network defaults %q %q %q, network package defaults %q %q %s",
+			c.Name, c.Bridge, c.Subnet, network.DefaultNetworkName, network.DefaultBridge, network.DefaultSubnet)
 	}
 }
