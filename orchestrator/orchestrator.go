@@ -150,7 +150,7 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	o.l3 = criu.New(o.client, criu.WithStatus(o.criu), criu.WithCRIUPath(o.opts.CRIUPath), criu.WithWorkRoot(work))
 	popts := pool.Options{
 		Root: filepath.Join(o.opts.Root, "pool"), InitBinary: initBin, Node: o.node, Metrics: o.opts.Metrics,
-		Reset: o.resetFiles, SpecOpts: o.sandboxSpec,
+		Reset: o.resetFiles, SpecOpts: o.sandboxSpec, Claims: o.readClaims,
 	}
 	if o.opts.Network != nil {
 		nopts := *o.opts.Network
@@ -172,11 +172,15 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 }
 
 // resumeSessions reopens the sessions of sandboxes that stayed leased across a restart and
-// sweeps what interrupted operations left behind.
+// sweeps what interrupted operations left behind. A quarantined sandbox's session and journal
+// are kept, unopened, for the operator to adopt or destroy.
 func (o *Orchestrator) resumeSessions(ctx context.Context) error {
 	leased := map[string]bool{}
 	for _, sb := range o.pools.List() {
 		leased[sb.ID] = true
+	}
+	for _, q := range o.pools.Quarantined() {
+		leased[q.ID] = true // kept: not leased, but not gone either
 	}
 	o.sweep(ctx, leased)
 	for _, sb := range o.pools.List() {

@@ -27,7 +27,11 @@ func (o *Orchestrator) routes(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /v1/pools/{name}", handle(o.removePool))
 	mux.HandleFunc("POST /v1/pools/{name}/scale", handle(o.scalePool))
 	mux.HandleFunc("POST /v1/pools/{name}/lease", handle(o.lease))
-	mux.HandleFunc("GET /v1/sandboxes", handle(func(r *http.Request) (any, error) { return apiSandboxes(o.pools.List()), nil }))
+	mux.HandleFunc("GET /v1/sandboxes", handle(func(r *http.Request) (any, error) { return o.listSandboxes(), nil }))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/adopt", handle(o.adopt))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/destroy", handle(func(r *http.Request) (any, error) {
+		return map[string]string{"destroyed": r.PathValue("id")}, o.DestroyQuarantined(r.Context(), r.PathValue("id"))
+	}))
 	mux.HandleFunc("GET /v1/sandboxes/{id}", handle(func(r *http.Request) (any, error) {
 		sb, err := o.pools.Get(r.PathValue("id"))
 		return apiSandbox(sb), err

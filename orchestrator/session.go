@@ -77,6 +77,9 @@ func (o *Orchestrator) openSession(ctx context.Context, s *session, doc json.Raw
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("create session dir: %w", err)
 	}
+	if err := s.writeClaim(); err != nil {
+		return err
+	}
 	if err := o.registerEgress(ctx, s.sb); err != nil {
 		return fmt.Errorf("register with the egress proxy: %w", err)
 	}
@@ -220,6 +223,9 @@ func (o *Orchestrator) session(ctx context.Context, id string) (*session, error)
 	s, ok := o.sessions[id]
 	o.mu.Unlock()
 	if !ok {
+		if err := o.quarantinedError(id); err != nil {
+			return nil, err
+		}
 		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	select {

@@ -38,10 +38,13 @@ type Sandbox struct {
 	IP        string            `json:"ip,omitempty"`
 	// EgressPolicy is the lease's egress policy, or the template's.
 	EgressPolicy string `json:"egress_policy,omitempty"`
-	RunDir       string `json:"-"`
-	Layout       Layout `json:"-"`
-	initc        *initproto.Client
-	ref          *initRef
+	// State is "leased" (Quarantined lists the others, with their Reason).
+	State  string `json:"state,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	RunDir string `json:"-"`
+	Layout Layout `json:"-"`
+	initc  *initproto.Client
+	ref    *initRef
 }
 
 // OpenRoot opens the sandbox's root directory (its merged filesystem, as its init sees it)
@@ -239,7 +242,7 @@ func (m *Manager) List() []Sandbox {
 
 // view builds the public view of a leased sandbox; p may be nil for a removed pool.
 func (m *Manager) view(p *pool, sb *sandbox) Sandbox {
-	v := Sandbox{Pool: sb.rec.Pool, Container: sb.rec.CID, Created: sb.rec.Created,
+	v := Sandbox{Pool: sb.rec.Pool, Container: sb.rec.CID, Created: sb.rec.Created, State: "leased",
 		RunDir: sb.inst.runDir, Layout: sb.inst.layout, initc: sb.inst.init, ref: sb.inst.ref.Load()}
 	if v.ref != nil {
 		v.InitPid = v.ref.pid

@@ -37,6 +37,11 @@ type Options struct {
 	// only init running; the sandbox is then reused. Without it, or when it fails, a released
 	// sandbox is destroyed and the filler creates a fresh one.
 	Reset func(ctx context.Context, sb Sandbox) error
+	// Claims, when set, returns what outside the pool database says about this node's
+	// containers, by container ID (the orchestrator: which lease's session names it). At
+	// start a claimed container is never destroyed for want of a trusted record: it is
+	// quarantined.
+	Claims func(ctx context.Context) map[string]Claim
 }
 
 func (o *Options) setDefaults() {
@@ -59,10 +64,12 @@ type Manager struct {
 	metrics *metrics
 	sem     chan struct{} // bounds concurrent creates
 
-	mu      sync.Mutex
-	pools   map[string]*pool
-	leased  map[string]*sandbox // by lease ID
-	closing bool
+	mu     sync.Mutex
+	pools  map[string]*pool
+	leased map[string]*sandbox // by lease ID
+	// quarantine holds the sandboxes whose record could not be trusted at start, by ID.
+	quarantine map[string]*Quarantined
+	closing    bool
 
 	ctx    context.Context // cancelled by Close; parent of the fillers
 	cancel context.CancelFunc
@@ -107,7 +114,7 @@ func NewManager(ctx context.Context, client *containerd.Client, opts Options) (*
 	}
 	m := &Manager{
 		opts: opts, st: st, sem: make(chan struct{}, opts.CreateConcurrency),
-		pools: map[string]*pool{}, leased: map[string]*sandbox{},
+		pools: map[string]*pool{}, leased: map[string]*sandbox{}, quarantine: map[string]*Quarantined{},
 		rt: &runtime{client: client, snapshotter: opts.Snapshotter, runtimeName: opts.Runtime,
 			initBin: opts.InitBinary, dir: filepath.Join(opts.Root, "containers"), node: opts.Node,
 			net: opts.Network, specOpts: opts.SpecOpts},

@@ -13,22 +13,30 @@ import (
 
 // reconcile rebuilds the in-memory pools after a start: recorded pools come back, healthy
 // recorded sandboxes return to their pool (ready) or stay leased under the same ID, and
-// containers that are broken, orphaned or unrecorded are destroyed.
+// containers that are broken or orphaned are destroyed. The database is not trusted blindly:
+// a container whose record is damaged, whose leased record names a pool that is gone, or that
+// has no record but is claimed by a lease (Options.Claims) is quarantined, never destroyed.
 func (m *Manager) reconcile(ctx context.Context) error {
-	templates, err := loadAll[Template](m.st, bucketPools)
+	if m.st.damage != "" {
+		log.L(ctx).Error("pool database damaged: sandboxes without a trusted record are quarantined", "detail", m.st.damage)
+	}
+	templates, badPools, err := loadAll[Template](m.st, bucketPools)
 	if err != nil {
 		return err
+	}
+	for _, b := range badPools {
+		log.L(ctx).Error("pool template damaged: the pool is not restored, its leased sandboxes are quarantined", "pool", b.Key, "reason", b.Reason)
 	}
 	for _, t := range templates {
 		m.addPool(t)
 	}
-	recs, err := loadAll[record](m.st, bucketContainers)
+	byCID, bad, err := m.loadRecords(ctx)
 	if err != nil {
 		return err
 	}
-	byCID := make(map[string]record, len(recs))
-	for _, r := range recs {
-		byCID[r.CID] = r
+	var claims map[string]Claim
+	if m.opts.Claims != nil {
+		claims = m.opts.Claims(ctx)
 	}
 	filter := fmt.Sprintf(`labels.%q==%s`, LabelNode, m.opts.Node)
 	containers, err := m.rt.client.Containers(ctx, filter)
@@ -38,7 +46,9 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	for _, c := range containers {
 		rec, ok := byCID[c.ID()]
 		delete(byCID, c.ID())
-		m.adopt(ctx, c, rec, ok)
+		claim, claimed := claims[c.ID()]
+		m.adopt(ctx, c, found{rec: rec, recorded: ok, bad: bad[c.ID()], claim: claim, claimed: claimed})
+		delete(bad, c.ID())
 	}
 	if err := m.reconcileNetwork(ctx); err != nil {
 		return err
@@ -48,16 +58,51 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		_ = m.st.delete(bucketContainers, cid)
 		_ = m.rt.destroy(ctx, cid)
 	}
+	for cid, why := range bad { // damaged, and no container to keep
+		log.L(ctx).Warn("dropping damaged record of a container that is gone", "container", cid, "reason", why)
+		_ = m.st.delete(bucketContainers, cid)
+	}
 	return nil
 }
 
-// adopt takes one existing container back, or destroys it.
-func (m *Manager) adopt(ctx context.Context, c containerd.Container, rec record, recorded bool) {
-	p := m.pools[rec.Pool]
+// loadRecords returns the sandbox records that check, by container ID, and the reasons the
+// others do not (a record stored under another container's key is damaged too).
+func (m *Manager) loadRecords(ctx context.Context) (map[string]record, map[string]string, error) {
+	recs, badRecs, err := loadAll[record](m.st, bucketContainers)
+	if err != nil {
+		return nil, nil, err
+	}
+	byCID := make(map[string]record, len(recs))
+	bad := map[string]string{}
+	for _, b := range badRecs {
+		bad[b.Key] = b.Reason
+	}
+	for _, r := range recs {
+		byCID[r.CID] = r
+	}
+	return byCID, bad, nil
+}
+
+// found is what reconcile knows about one container.
+type found struct {
+	rec      record
+	recorded bool
+	bad      string // why its record is damaged ("" when it is not)
+	claim    Claim
+	claimed  bool
+}
+
+// adopt takes one existing container back, quarantines it, or destroys it.
+func (m *Manager) adopt(ctx context.Context, c containerd.Container, f found) {
+	if why := m.suspect(f); why != "" {
+		m.quarantineContainer(ctx, c, f, why)
+		return
+	}
+	rec, p := f.rec, m.pools[f.rec.Pool]
 	reason := ""
 	var inst *instance
 	switch {
-	case !recorded:
+	case !f.recorded:
 		reason = "no record"
 	case rec.Destroying:
 		reason = "an earlier destroy failed"
@@ -85,6 +130,33 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container, rec record,
 		p.ready = append(p.ready, sb)
 	}
 	log.L(ctx).Info("sandbox adopted", "container", c.ID(), "pool", rec.Pool, "leased", rec.Lease != nil)
+}
+
+// suspect says why a container must be quarantined rather than adopted or destroyed ("" when
+// its record can be acted on): its record is damaged, it is leased (by its record or by a
+// claim) but its pool is gone, it is claimed by a lease its record does not name, or it is
+// claimed and has no record at all.
+func (m *Manager) suspect(f found) string {
+	switch {
+	case f.bad != "":
+		return f.bad
+	case !f.recorded && f.claimed:
+		return fmt.Sprintf("no record in the pool database, but lease %s (session directory) names this container", f.claim.Lease.ID)
+	case !f.recorded:
+		return ""
+	case f.claimed && (f.rec.Lease == nil || f.rec.Lease.ID != f.claim.Lease.ID):
+		return fmt.Sprintf("its record says %s, but lease %s (session directory) names this container", leaseOf(f.rec), f.claim.Lease.ID)
+	case m.pools[f.rec.Pool] == nil && (f.rec.Lease != nil || f.claimed):
+		return fmt.Sprintf("leased, but its pool %q is not in the pool database", f.rec.Pool)
+	}
+	return ""
+}
+
+func leaseOf(r record) string {
+	if r.Lease == nil {
+		return "it is not leased"
+	}
+	return "lease " + r.Lease.ID
 }
 
 // probe checks that a container's task runs and its init answers.
@@ -149,6 +221,9 @@ func (m *Manager) reconcileNetwork(ctx context.Context) error {
 	}
 	for _, sb := range m.leased {
 		keep[sb.rec.CID] = true
+	}
+	for _, q := range m.quarantine {
+		keep[q.Container] = true
 	}
 	removed, err := m.rt.net.Reconcile(ctx, func(id string) bool { return keep[id] })
 	if len(removed) > 0 {

@@ -81,7 +81,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 func commands() []*cli.Command {
 	return []*cli.Command{
 		versionCommand(), daemonCommand(), infoCommand(), configCommand(),
-		poolCommand(), leaseCommand(), releaseCommand(), lsCommand(), inspectCommand(),
+		poolCommand(), leaseCommand(), releaseCommand(), lsCommand(), inspectCommand(), sandboxCommand(),
 		execCommand(), cpCommand(), checkpointCommand(), rollbackCommand(), commitCommand(),
 		diffCommand(), stateCommand(), verifyCommand(), effectsCommand(), snapshotCommand(), restoreCommand(), forkCommand(), docsCommand(),
 		runCommand(),

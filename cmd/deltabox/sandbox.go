@@ -62,7 +62,7 @@ func releaseCommand() *cli.Command {
 
 func lsCommand() *cli.Command {
 	return &cli.Command{
-		Name: "ls", Usage: "list leased sandboxes",
+		Name: "ls", Usage: "list leased sandboxes (and quarantined ones, with the reason)",
 		Action: func(c *cli.Context) error {
 			if err := exactArgs(c, 0, ""); err != nil {
 				return err
@@ -95,9 +95,13 @@ func inspectCommand() *cli.Command {
 func printSandboxes(w io.Writer, sbs []api.Sandbox) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
-	fmt.Fprintln(tw, "ID\tPOOL\tIMAGE\tLEASED")
+	fmt.Fprintln(tw, "ID\tPOOL\tIMAGE\tLEASED\tSTATE")
 	for _, s := range sbs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s ago\n", s.ID, s.Pool, s.Image, time.Since(s.LeasedAt).Round(time.Second))
+		state := s.State
+		if s.Reason != "" {
+			state += ": " + s.Reason
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s ago\t%s\n", s.ID, s.Pool, s.Image, time.Since(s.LeasedAt).Round(time.Second), state)
 	}
 }
 
@@ -126,4 +130,39 @@ func readOptionalFile(path string) (string, error) {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}
 	return string(data), nil
+}
+
+func sandboxCommand() *cli.Command {
+	return &cli.Command{
+		Name: "sandbox", Usage: "decide about sandboxes quarantined at start (their record could not be trusted)",
+		Subcommands: []*cli.Command{
+			{
+				Name: "adopt", Usage: "make a quarantined sandbox leased again, with its checkpoints and state", ArgsUsage: "ID",
+				Flags: []cli.Flag{&cli.StringFlag{Name: "pool", Usage: "pool to adopt it into (default: the pool it was known by)"}},
+				Action: func(c *cli.Context) error {
+					if err := exactArgs(c, 1, "ID"); err != nil {
+						return err
+					}
+					sb, err := newClient(c).Adopt(c.Context, c.Args().First(), c.String("pool"))
+					if err != nil {
+						return err
+					}
+					return printResult(c, sb, func(w io.Writer) { fmt.Fprintln(w, sb.ID) })
+				},
+			},
+			{
+				Name: "destroy", Usage: "destroy a quarantined sandbox with its checkpoints and state", ArgsUsage: "ID",
+				Action: func(c *cli.Context) error {
+					if err := exactArgs(c, 1, "ID"); err != nil {
+						return err
+					}
+					id := c.Args().First()
+					if err := newClient(c).DestroyQuarantined(c.Context, id); err != nil {
+						return err
+					}
+					return printResult(c, map[string]string{"destroyed": id}, func(w io.Writer) { fmt.Fprintln(w, id) })
+				},
+			},
+		},
+	}
 }

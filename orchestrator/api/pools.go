@@ -40,6 +40,22 @@ type Sandbox struct {
 	IP        string            `json:"ip,omitempty"`
 	// EgressPolicy is the lease's egress policy, or the template's.
 	EgressPolicy string `json:"egress_policy,omitempty"`
+	// State is "leased", or "quarantined" for a sandbox kept at start because its record
+	// could not be trusted (Reason says why): it is not usable until adopted.
+	State  string `json:"state,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Sandbox states.
+const (
+	StateLeased      = "leased"
+	StateQuarantined = "quarantined"
+)
+
+// AdoptRequest asks to adopt a quarantined sandbox, into Pool ("" keeps the pool it was
+// known by).
+type AdoptRequest struct {
+	Pool string `json:"pool,omitempty"`
 }
 
 // LeaseResult is a leased sandbox and whether it was created for the lease (cold).

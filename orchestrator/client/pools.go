@@ -131,3 +131,14 @@ func (c *Client) CopyFrom(ctx context.Context, id, src string) (io.ReadCloser, e
 	}
 	return resp.Body, nil
 }
+
+// Adopt makes a quarantined sandbox leased again (in pool, or the pool it was known by).
+func (c *Client) Adopt(ctx context.Context, id, pool string) (api.Sandbox, error) {
+	var s api.Sandbox
+	return s, c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/adopt", api.AdoptRequest{Pool: pool}, &s)
+}
+
+// DestroyQuarantined destroys a quarantined sandbox with its checkpoints and state.
+func (c *Client) DestroyQuarantined(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/destroy", struct{}{}, nil)
+}
