@@ -101,7 +101,8 @@ func TestFaultsRollback(t *testing.T) {
 		point string
 		done  bool
 	}{
-		{"rollback/frozen", false},
+		{"rollback/before-intent", false},
+		{"rollback/frozen", true},
 		{"rollback/after-effects", true},
 		{"rollback/after-files", true},
 		{"rollback/after-state", true},
@@ -255,8 +256,9 @@ func TestFaultsHungUpstream(t *testing.T) {
 		t.Fatalf("checkpoint during a hung commit: %v", err)
 	}
 	d.cli("state", "patch", id, `[{"op":"add","path":"/during","value":1}]`)
-	if _, err := c.Rollback(ctx, id, api.RollbackRequest{To: ck.ID}); err != nil {
-		t.Fatalf("rollback during a hung commit: %v", err)
+	d.holdPost(id, u.plain.URL+"/dropped-during-commit")
+	if rb, err := c.Rollback(ctx, id, api.RollbackRequest{To: ck.ID}); err != nil || rb.EffectsDropped != 1 {
+		t.Fatalf("rollback during a hung commit: %+v, %v; want one effect dropped", rb, err)
 	}
 	d.cli("verify", id)
 	d.kill()

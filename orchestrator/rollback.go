@@ -16,7 +16,7 @@ import (
 )
 
 // Rollback returns a sandbox's files, agent state and held effects to a checkpoint, in place:
-// freeze, record the rollback intent, stop the processes started since, drop the effects,
+// record the rollback intent, freeze, stop the processes started since, drop the effects,
 // restore files through the merged mount, undo the state ops, discard the later checkpoints,
 // clear the intent, thaw. A rollback that fails after its intent was recorded stays pending:
 // it is finished before the sandbox's next checkpoint operation (or at start, after a crash).
@@ -84,18 +84,28 @@ func (s *session) rollbackTarget(req api.RollbackRequest) (rollbackIntent, error
 // rollback (record) writes its intent before anything changes; a redo finds it on disk.
 // Every step after it is idempotent, so that a redo can run them again.
 func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult, record bool) (time.Duration, error) {
-	if err := s.frz.Freeze(ctx); err != nil {
-		return 0, err
-	}
-	frozenAt := time.Now()
-	defer o.thaw(ctx, s)
 	if record {
-		if err := failpoint.Inject("rollback/frozen"); err != nil {
+		// Before the freeze, so that its fdatasync stays out of the frozen window: the
+		// session lock keeps the state and checkpoints still, and whatever the sandbox does
+		// until the freeze is after the target, undone by a redo as by the rollback.
+		if err := failpoint.Inject("rollback/before-intent"); err != nil {
 			return 0, err
 		}
 		if err := s.intents.write(in); err != nil {
 			return 0, err // nothing changed
 		}
+	}
+	if err := s.frz.Freeze(ctx); err != nil {
+		if record {
+			_ = s.intents.clear() // nothing changed
+		}
+		return 0, err
+	}
+	frozenAt := time.Now()
+	defer o.thaw(ctx, s)
+	if err := failpoint.Inject("rollback/frozen"); err != nil {
+		s.pending = &in
+		return 0, err
 	}
 	err := o.applyRollback(ctx, s, in, res)
 	if err == nil {
