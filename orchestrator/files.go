@@ -22,9 +22,26 @@ func (o *Orchestrator) copyFrom(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-tar")
-	if err := o.pools.CopyFrom(r.Context(), id, src, w); err != nil {
+	sw := &sentWriter{w: w}
+	if err := o.pools.CopyFrom(r.Context(), id, src, sw); err != nil {
+		if !sw.sent { // nothing streamed yet (e.g. the file was swapped before it was read)
+			w.Header().Del("Content-Type")
+			writeError(r.Context(), w, err)
+			return
+		}
 		// The status line is gone; cut the stream so the client sees a broken tar.
 		log.L(r.Context()).Error("copy from sandbox", "sandbox", id, "path", src, "error", err)
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// sentWriter records whether anything was written (after that, the status line is gone).
+type sentWriter struct {
+	w    http.ResponseWriter
+	sent bool
+}
+
+func (s *sentWriter) Write(p []byte) (int, error) {
+	s.sent = s.sent || len(p) > 0
+	return s.w.Write(p)
 }

@@ -66,17 +66,25 @@ func (r *initRef) bind(frz Freezer) error {
 	return nil
 }
 
-// alive fails once the init exited.
+// alive fails once the init exited: its pidfd is readable from the moment it exits (a zombie
+// still takes signals, so a signal 0 would not tell).
 func (r *initRef) alive() error {
-	var serr error
+	exited := true
 	raw, err := r.pidfd.SyscallConn()
 	if err == nil {
-		err = raw.Control(func(fd uintptr) { serr = unix.PidfdSendSignal(int(fd), 0, nil, 0) })
+		err = raw.Control(func(fd uintptr) { exited = pidfdExited(fd) })
 	}
-	if err != nil || serr != nil {
+	if err != nil || exited {
 		return fmt.Errorf("sandbox init (pid %d) has exited: %w", r.pid, errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// pidfdExited polls a pidfd without blocking: readable means the process exited.
+func pidfdExited(fd uintptr) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(p, 0)
+	return err != nil || n > 0
 }
 
 // watch closes r.exited when the init exits (the pidfd becomes readable); it returns when
@@ -86,11 +94,7 @@ func (r *initRef) watch() {
 	if err != nil {
 		return
 	}
-	err = raw.Read(func(fd uintptr) bool {
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, _ := unix.Poll(p, 0)
-		return n > 0
-	})
+	err = raw.Read(pidfdExited)
 	if err == nil {
 		close(r.exited)
 	}
@@ -113,9 +117,13 @@ func (r *initRef) usable() error {
 	default:
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.retired {
+	retired := r.retired
+	r.mu.Unlock()
+	if retired {
 		return fmt.Errorf("sandbox init (pid %d) was replaced or destroyed: %w", r.pid, errdefs.ErrFailedPrecondition)
+	}
+	if err := r.alive(); err != nil { // exited, and the watcher has not fenced it yet
+		return fmt.Errorf("sandbox failed: its init (pid %d) exited; release it: %w", r.pid, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
