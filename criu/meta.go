@@ -29,6 +29,10 @@ type Meta struct {
 	Created     time.Time `json:"created"`
 	ContainerID string    `json:"containerID,omitempty"` // container the images were dumped from
 	CgroupsPath string    `json:"cgroupsPath,omitempty"` // its spec's cgroupsPath
+	// Set by Pack: what the archive unpacks to (bytes of file content, files and
+	// directories). Restores bound Unpack by them (WithLimits).
+	UnpackedBytes int64 `json:"unpackedBytes,omitempty"`
+	Entries       int   `json:"entries,omitempty"`
 }
 
 // LocalMeta describes images dumped now on this host by the CRIU that st describes.

@@ -63,6 +63,12 @@ func Pack(ctx context.Context, imagesDir string, w io.Writer) (Meta, error) {
 	if err := zw.Close(); err != nil {
 		return meta, fmt.Errorf("pack %s: %w", imagesDir, err)
 	}
+	meta.Entries = len(entries)
+	for _, e := range entries {
+		if e.info.Mode().IsRegular() {
+			meta.UnpackedBytes += e.info.Size()
+		}
+	}
 	return meta, nil
 }
 
@@ -125,20 +131,48 @@ func packOne(tw *tar.Writer, dir string, e packEntry) error {
 	return nil
 }
 
+// Default bounds of Unpack when no WithLimits is given.
+const (
+	DefaultMaxUnpackedBytes = 16 << 30
+	DefaultMaxEntries       = 1 << 16
+	maxZstdWindow           = 64 << 20 // Pack's encoder uses far less
+)
+
+// unpackLimits bound what an archive may unpack to.
+type unpackLimits struct {
+	bytes   int64 // file content, all files together; also each file's bound
+	entries int   // files and directories
+}
+
+// UnpackOpt configures Unpack.
+type UnpackOpt func(*unpackLimits)
+
+// WithLimits bounds an Unpack by what Pack recorded (Meta.UnpackedBytes, Meta.Entries): more
+// content or more entries than that is refused before it is written.
+func WithLimits(bytes int64, entries int) UnpackOpt {
+	return func(l *unpackLimits) { l.bytes, l.entries = bytes, entries }
+}
+
 // Unpack extracts an archive written by Pack into dir (created if missing; existing files are
 // never overwritten). It refuses entries that would land outside dir, links, devices and any
-// other special file, with errdefs.ErrInvalidArgument.
-func Unpack(ctx context.Context, r io.Reader, dir string) error {
+// other special file, and archives beyond its limits (a small blob that decompresses to
+// gigabytes), with errdefs.ErrInvalidArgument.
+func Unpack(ctx context.Context, r io.Reader, dir string, opts ...UnpackOpt) error {
+	lim := unpackLimits{bytes: DefaultMaxUnpackedBytes, entries: DefaultMaxEntries}
+	for _, o := range opts {
+		o(&lim)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("unpack: %w", err)
 	}
-	zr, err := zstd.NewReader(r)
+	zr, err := zstd.NewReader(r, zstd.WithDecoderMaxWindow(maxZstdWindow), zstd.WithDecoderConcurrency(1))
 	if err != nil {
 		return fmt.Errorf("unpack: zstd: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	defer zr.Close()
 	tr := tar.NewReader(zr)
-	for {
+	var written int64
+	for n := 0; ; n++ {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -149,6 +183,14 @@ func Unpack(ctx context.Context, r io.Reader, dir string) error {
 		if err != nil {
 			return fmt.Errorf("unpack: read archive: %v: %w", err, errdefs.ErrInvalidArgument)
 		}
+		if n >= lim.entries {
+			return fmt.Errorf("unpack: the archive holds more than the %d entries recorded for it: %w", lim.entries, errdefs.ErrInvalidArgument)
+		}
+		if hdr.Size < 0 || hdr.Size > lim.bytes-written {
+			return fmt.Errorf("unpack: entry %q of %d bytes takes the archive past the %d bytes recorded for it: %w",
+				hdr.Name, hdr.Size, lim.bytes, errdefs.ErrInvalidArgument)
+		}
+		written += hdr.Size
 		if err := unpackOne(tr, hdr, dir); err != nil {
 			return err
 		}

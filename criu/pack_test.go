@@ -5,9 +5,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -133,4 +136,72 @@ func tarNames(t *testing.T, archive []byte) []string {
 		}
 		names = append(names, h.Name)
 	}
+}
+
+// zeros is an endless reader of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// bomb is a Pack-like archive holding files of size bytes of zeros each: tiny compressed.
+func bomb(t *testing.T, files int, size int64) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw, _ := zstd.NewWriter(&buf, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	tw := tar.NewWriter(zw)
+	for i := range files {
+		hdr := &tar.Header{Name: filepath.Join("d", string(rune('a'+i%26))+strconv.Itoa(i)), Typeflag: tar.TypeReg, Mode: 0o600, Size: size}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.CopyN(tw, zeros{}, size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tw.Close()
+	zw.Close()
+	return buf.Bytes()
+}
+
+func TestUnpackBounded(t *testing.T) {
+	ctx := context.Background()
+	src := imagesFixture(t)
+	var a bytes.Buffer
+	meta, err := Pack(ctx, src, &a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if meta.Entries != 6 || meta.UnpackedBytes <= 100000 {
+		t.Fatalf("Pack recorded %d entries, %d bytes", meta.Entries, meta.UnpackedBytes)
+	}
+	if err := Unpack(ctx, bytes.NewReader(a.Bytes()), t.TempDir(), WithLimits(meta.UnpackedBytes, meta.Entries)); err != nil {
+		t.Fatalf("unpack within its recorded sizes: %v", err)
+	}
+	big := bomb(t, 1, 1<<30) // 1 GiB of zeros
+	t.Logf("a %d-byte blob that unpacks to 1 GiB", len(big))
+	dir := t.TempDir()
+	err = Unpack(ctx, bytes.NewReader(big), dir, WithLimits(meta.UnpackedBytes, meta.Entries))
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "recorded") {
+		t.Fatalf("zip bomb: want invalid argument naming the recorded size, got %v", err)
+	}
+	if n := dirBytes(t, dir); n > meta.UnpackedBytes {
+		t.Errorf("the refused unpack wrote %d bytes", n)
+	}
+	many := bomb(t, 50, 1)
+	if err := Unpack(ctx, bytes.NewReader(many), t.TempDir(), WithLimits(1<<20, 10)); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "entries") {
+		t.Fatalf("too many entries: want invalid argument, got %v", err)
+	}
+}
+
+func dirBytes(t *testing.T, dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
 }

@@ -4,6 +4,7 @@ package criu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/log"
 )
 
@@ -38,11 +40,19 @@ func (c *Checkpointer) Restore(ctx context.Context, id, dir string, ioc cio.Crea
 	start := time.Now()
 	task, err := ctr.NewTask(ctx, ioc, containerd.WithRestoreImagePath(dir), containerd.WithRestoreWorkPath(work))
 	if err != nil {
-		return nil, restoreError(id, work, err)
+		c.deleteLeftTask(ctx, ctr) // a restore cut short by ctx may have made the task anyway
+		return nil, restoreError(id, work, timedOut(ctx, err))
 	}
-	if err := task.Start(ctx); err != nil {
+	err = failpoint.Inject("criu/restore-created")
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err == nil {
+		err = task.Start(ctx)
+	}
+	if err != nil {
 		c.deleteTask(ctx, task)
-		return nil, restoreError(id, work, err)
+		return nil, restoreError(id, work, timedOut(ctx, err))
 	}
 	os.RemoveAll(work)
 	log.L(ctx).Debug("criu restore", "container", id, "dir", dir, "ms", time.Since(start).Milliseconds(), "pid", task.Pid())
@@ -96,6 +106,23 @@ func checkCgroup(ctr containerd.Container, spec *specs.Spec, meta Meta) error {
 			ctr.ID(), meta.CgroupsPath, meta.ContainerID, errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// timedOut names a restore that ran past ctx's deadline (the caller's restore timeout).
+func timedOut(ctx context.Context, err error) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("the CRIU restore did not finish in time and was stopped (%v): %w", err, context.DeadlineExceeded)
+	}
+	return err
+}
+
+// deleteLeftTask removes the task of ctr, if a failed NewTask left one.
+func (c *Checkpointer) deleteLeftTask(ctx context.Context, ctr containerd.Container) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if task, err := ctr.Task(dctx, nil); err == nil {
+		c.deleteTask(dctx, task)
+	}
 }
 
 // deleteTask removes a task whose restore failed; it survives cancellation of ctx.

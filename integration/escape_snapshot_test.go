@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/ed25519"
@@ -8,16 +9,24 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
+	"github.com/klauspost/compress/zstd"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/deltabox/deltabox/criu"
+	"github.com/deltabox/deltabox/internal/failpoint"
+	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/pool"
 	"github.com/deltabox/deltabox/orchestrator/snapsign"
 )
 
@@ -318,5 +327,131 @@ func TestEscapeSnapshotPolicyNeverWidens(t *testing.T) {
 	}
 	if sb, err := c.Sandbox(ctx, l.ID); err != nil || sb.EgressPolicy != narrowPolicy {
 		t.Errorf("restored sandbox's policy: %q (%v), want the snapshot's narrower one", sb.EgressPolicy, err)
+	}
+}
+
+// zeroReader is an endless reader of zero bytes.
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// zstdTar is a zstd-compressed tar of the given files (name → content) and, last, one file
+// named bombName of bombSize zero bytes: a few hundred KB that decompress to gigabytes.
+func zstdTar(t *testing.T, files map[string][]byte, bombName string, bombSize int64) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw, _ := zstd.NewWriter(&buf, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	tw := tar.NewWriter(zw)
+	for name, data := range files {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(data))}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(data)
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: bombName, Typeflag: tar.TypeReg, Mode: 0o644, Size: bombSize}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.CopyN(tw, zeroReader{}, bombSize); err != nil {
+		t.Fatal(err)
+	}
+	tw.Close()
+	zw.Close()
+	return buf.Bytes()
+}
+
+// metaOf returns the deltabox-meta.json inside a CRIU images blob.
+func metaOf(t *testing.T, blob []byte) []byte {
+	t.Helper()
+	dir := t.TempDir()
+	if err := criu.Unpack(context.Background(), bytes.NewReader(blob), dir); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, criu.MetaFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func TestEscapeSnapshotZipBombs(t *testing.T) {
+	d := startDaemon(t)
+	c, ctx := d.client(), context.Background()
+	store := "file://" + shortTempDir(t)
+	id := startCounter(d)
+	snap, err := c.SnapshotPush(ctx, id, store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := c.Sandboxes(ctx)
+	signer := d.signer()
+	criuBomb := editBlob(t, store, snap.Name, snap.Name+"-criubomb", "criu-images.tar.zst", signer, func(old []byte) []byte {
+		b := zstdTar(t, map[string][]byte{criu.MetaFile: metaOf(t, old)}, "pages-1.img", 1<<30)
+		t.Logf("CRIU images blob of %d bytes unpacking to 1 GiB", len(b))
+		return b
+	})
+	_, err = c.Restore(ctx, criuBomb, "", nil)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "recorded") {
+		t.Errorf("CRIU images zip bomb: want invalid_argument naming the recorded size, got %v", err)
+	}
+	rootfsBomb := editBlob(t, store, snap.Name, snap.Name+"-rootfsbomb", "rootfs.tar.zst", signer, func([]byte) []byte {
+		return zstdTar(t, nil, "root/big", 1<<30)
+	})
+	_, err = c.Restore(ctx, rootfsBomb, "", nil)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "recorded size") {
+		t.Errorf("rootfs diff zip bomb: want invalid_argument naming the recorded size, got %v", err)
+	}
+	if after, _ := c.Sandboxes(ctx); len(after) != len(before) {
+		t.Errorf("refused restores left sandboxes behind: %d before, %d after", len(before), len(after))
+	}
+	if left, _ := os.ReadDir(filepath.Join(d.root, "restore")); len(left) != 0 {
+		t.Errorf("refused restores left %d staging directories", len(left))
+	}
+}
+
+// nodeContainers counts the containerd containers of a daemon's node.
+func nodeContainers(t *testing.T, d *daemon) int {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(d.root, "node-id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := containerd.New(d.env.containerd, containerd.WithDefaultNamespace("deltabox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	cs, err := client.Containers(context.Background(), fmt.Sprintf(`labels.%q==%s`, pool.LabelNode, strings.TrimSpace(string(data))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(cs)
+}
+
+func TestSnapshotRestoreTimeout(t *testing.T) {
+	// The restored task exists but does not start within the timeout: the restore is stopped,
+	// its task and container removed.
+	t.Setenv(failpoint.EnvVar, "criu/restore-created=sleep(3000)")
+	d := startDaemonWith(t, "[snapshots]\nrestore_timeout = \"1s\"\n")
+	c, ctx := d.client(), context.Background()
+	id := startCounter(d)
+	snap, err := c.SnapshotPush(ctx, id, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.waitReady("py", 1, 30*time.Second)
+	containers := nodeContainers(t, d)
+	start := time.Now()
+	_, err = c.Restore(ctx, snap.URI, "", nil)
+	if !errdefs.IsDeadlineExceeded(err) || !strings.Contains(err.Error(), "did not finish in time") {
+		t.Fatalf("restore past its timeout: want deadline_exceeded, got %v", err)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("the timed-out restore took %s", took)
+	}
+	testutil.WaitFor(t, 10*time.Second, 50*time.Millisecond, "the timed-out restore's container to go", func() bool {
+		return nodeContainers(t, d) == containers
+	})
+	if sbs, _ := c.Sandboxes(ctx); len(sbs) != 1 {
+		t.Errorf("after a timed-out restore %d sandboxes are leased, want the source only", len(sbs))
 	}
 }

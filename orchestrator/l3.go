@@ -109,7 +109,7 @@ func (o *Orchestrator) restoreProcesses(ctx context.Context, s *session, target 
 	}
 	images := filepath.Join(target.Images, "images")
 	sb, err := o.pools.ReplaceTask(ctx, s.id, func(ctx context.Context, c containerd.Container, _ pool.Layout, ioc cio.Creator) (containerd.Task, error) {
-		return o.l3.Restore(ctx, c.ID(), images, ioc)
+		return o.restoreWithTimeout(ctx, c.ID(), images, ioc)
 	})
 	if err != nil {
 		return fmt.Errorf("restore processes of checkpoint %s: %w", target.ID, err)

@@ -32,6 +32,8 @@ type fetched struct {
 	cfg    snapshotConfig
 	images string // unpacked CRIU images
 	rootfs string // rootfs diff (tar+zstd)
+	// rootfsSize is what the rootfs diff decompresses to, as the manifest records it.
+	rootfsSize int64
 	state  json.RawMessage
 }
 
@@ -130,20 +132,20 @@ func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 			return nil, err
 		}
 		start := time.Now()
-		if err := applyRootfs(ctx, f.rootfs, layout.Upper); err != nil {
+		if err := applyRootfs(ctx, f.rootfs, f.rootfsSize, layout.Upper); err != nil {
 			return nil, err
 		}
 		if err := freshMachineID(layout); err != nil {
 			return nil, err
 		}
 		applied := time.Now()
-		t, err := o.l3.Restore(ctx, c.ID(), f.images, ioc)
+		t, err := o.restoreWithTimeout(ctx, c.ID(), f.images, ioc)
 		log.L(ctx).Debug("snapshot task restored", "container", c.ID(), "rootfs", applied.Sub(start), "criu", time.Since(applied))
 		return t, err
 	}
 }
 
-func applyRootfs(ctx context.Context, path, upper string) error {
+func applyRootfs(ctx context.Context, path string, size int64, upper string) error {
 	file, err := os.Open(path)
 	if err != nil {
 		return err
@@ -154,7 +156,8 @@ func applyRootfs(ctx context.Context, path, upper string) error {
 		return err
 	}
 	defer zr.Close()
-	if err := overlay.Import(ctx, zr, upper, overlay.WithOverlayWhiteouts()); err != nil {
+	br := &boundedReader{r: zr, n: size, what: "rootfs diff"}
+	if err := overlay.Import(ctx, br, upper, overlay.WithOverlayWhiteouts()); err != nil {
 		return fmt.Errorf("apply rootfs diff: %w", err)
 	}
 	return nil
@@ -219,12 +222,15 @@ func (o *Orchestrator) fetchSnapshot(ctx context.Context, uri string, emit Emit)
 func (f *fetched) download(ctx context.Context, cas *objectstore.CAS, m ocispec.Manifest, emit Emit) error {
 	d, err := layerByType(m, MediaCRIUImages)
 	if err == nil {
-		err = fetchImages(ctx, cas, d, f.images, emit)
+		err = fetchImages(ctx, cas, d, f.cfg.CRIU, f.images, emit)
 	}
 	if err != nil {
 		return err
 	}
 	d, err = layerByType(m, MediaRootfsDiff)
+	if err == nil {
+		f.rootfsSize, err = uncompressedSize(d)
+	}
 	if err == nil {
 		err = fetchBlob(ctx, cas, d, f.rootfs, emit)
 	}
@@ -235,11 +241,15 @@ func (f *fetched) download(ctx context.Context, cas *objectstore.CAS, m ocispec.
 	if err != nil {
 		return err
 	}
+	size, err := uncompressedSize(d)
+	if err != nil {
+		return err
+	}
 	p := filepath.Join(f.dir, "state.json.zst")
 	if err := fetchBlob(ctx, cas, d, p, emit); err != nil {
 		return err
 	}
-	f.state, err = readZstd(p)
+	f.state, err = readZstd(p, size)
 	return err
 }
 
@@ -247,8 +257,13 @@ func (f *fetched) download(ctx context.Context, cas *objectstore.CAS, m ocispec.
 // the download and the unpack overlap instead of going through a staging file. The unpack
 // refuses anything but plain files and directories under dir, and CRIU sees the images only
 // after the whole blob matched its digest.
-func fetchImages(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, dir string, emit Emit) error {
-	return fetch(ctx, cas, d, emit, func(r io.Reader) error { return criu.Unpack(ctx, r, dir) })
+func fetchImages(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, meta criu.Meta, dir string, emit Emit) error {
+	if meta.UnpackedBytes <= 0 || meta.Entries <= 0 {
+		return fmt.Errorf("snapshot config records no unpacked size of the CRIU images: %w", errdefs.ErrInvalidArgument)
+	}
+	return fetch(ctx, cas, d, emit, func(r io.Reader) error {
+		return criu.Unpack(ctx, r, dir, criu.WithLimits(meta.UnpackedBytes, meta.Entries))
+	})
 }
 
 // fetchBlob downloads a blob to path. The file is a staging copy under the restore's temp
@@ -288,7 +303,11 @@ func fetch(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, emit
 	return nil
 }
 
-func readZstd(path string) ([]byte, error) {
+// readZstd reads a zstd file that decompresses to size bytes (at most 64 MiB).
+func readZstd(path string, size int64) ([]byte, error) {
+	if size > 64<<20 {
+		return nil, fmt.Errorf("%s decompresses to %d bytes, over 64 MiB: %w", filepath.Base(path), size, errdefs.ErrInvalidArgument)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -299,7 +318,7 @@ func readZstd(path string) ([]byte, error) {
 		return nil, err
 	}
 	defer zr.Close()
-	return io.ReadAll(io.LimitReader(zr, 64<<20))
+	return io.ReadAll(&boundedReader{r: zr, n: size, what: filepath.Base(path)})
 }
 
 // Fork pushes one snapshot of a sandbox and restores it count times into its pool.
@@ -347,4 +366,12 @@ func (o *Orchestrator) forkInto(sb pool.Sandbox) (restoreTarget, error) {
 		policy = ""
 	}
 	return restoreTarget{pool: sb.Pool, lease: pool.LeaseRequest{Env: sb.Env, Labels: sb.Labels, EgressPolicy: policy}}, nil
+}
+
+// restoreWithTimeout is a CRIU restore bounded by the configured restore timeout; one that
+// runs past it is stopped and its task deleted (the pool removes the container).
+func (o *Orchestrator) restoreWithTimeout(ctx context.Context, cid, images string, ioc cio.Creator) (containerd.Task, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.opts.Snapshots.RestoreTimeout)
+	defer cancel()
+	return o.l3.Restore(ctx, cid, images, ioc)
 }

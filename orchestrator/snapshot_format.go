@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,6 +35,8 @@ const (
 	MediaEffects       = "application/vnd.deltabox.effects.v1+json+zstd"
 
 	annotationTitle = ocispec.AnnotationTitle
+	// annotationUncompressed records what a zstd blob decompresses to; restores refuse more.
+	annotationUncompressed = "io.deltabox.uncompressed-size"
 	snapshotFormat  = 1
 )
 
@@ -94,11 +97,13 @@ func stageBlob(dir, mediaType, title string, compress bool, write func(io.Writer
 	cw := &countWriter{w: io.MultiWriter(f, h)}
 	var w io.Writer = cw
 	var zw *zstd.Encoder
+	raw := cw // what the blob decompresses to
 	if compress {
 		if zw, err = zstd.NewWriter(cw, zstd.WithEncoderLevel(zstd.SpeedFastest)); err != nil {
 			return blob{}, err
 		}
-		w = zw
+		raw = &countWriter{w: zw}
+		w = raw
 	}
 	if err := write(w); err != nil {
 		return blob{}, fmt.Errorf("package %s: %w", title, err)
@@ -110,6 +115,9 @@ func stageBlob(dir, mediaType, title string, compress bool, write func(io.Writer
 	}
 	d := ocispec.Descriptor{MediaType: mediaType, Digest: digest.NewDigest(digest.SHA256, h), Size: cw.n,
 		Annotations: map[string]string{annotationTitle: title}}
+	if compress {
+		d.Annotations[annotationUncompressed] = strconv.FormatInt(raw.n, 10)
+	}
 	return blob{desc: d, path: f.Name()}, f.Sync()
 }
 
@@ -257,4 +265,30 @@ func (o *Orchestrator) loadSnapshotKeys(ctx context.Context) error {
 	o.signer, o.trust = signer, snapsign.NewVerifier(append(keys, signer.Public())...)
 	log.L(ctx).Info("snapshot keys", "signing_key", snapsign.Fingerprint(signer.Public()), "trusted", o.trust.Trusted())
 	return nil
+}
+
+// uncompressedSize is the recorded decompressed size of a zstd blob.
+func uncompressedSize(d ocispec.Descriptor) (int64, error) {
+	n, err := strconv.ParseInt(d.Annotations[annotationUncompressed], 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("blob %s records no valid %s: %w", d.Annotations[annotationTitle], annotationUncompressed, errdefs.ErrInvalidArgument)
+	}
+	return n, nil
+}
+
+// boundedReader fails once more than n bytes were read from r: a decompressing reader past
+// the size the (signed) manifest recorded.
+type boundedReader struct {
+	r    io.Reader
+	n    int64
+	what string
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.n -= int64(n)
+	if b.n < 0 {
+		return n, fmt.Errorf("%s decompresses to more than its recorded size: %w", b.what, errdefs.ErrInvalidArgument)
+	}
+	return n, err
 }
