@@ -197,7 +197,7 @@ func editBlob(t *testing.T, store, name, newName, title string, signer *snapsign
 
 // raiseCaps unpacks a CRIU images blob, gives the python3 process every capability in its
 // effective set and packs it again.
-func raiseCaps(t *testing.T, blob []byte) []byte {
+func raiseCaps(t *testing.T, blob []byte) ([]byte, criu.Meta) {
 	t.Helper()
 	ctx, dir := context.Background(), t.TempDir()
 	if err := criu.Unpack(ctx, bytes.NewReader(blob), dir); err != nil {
@@ -218,10 +218,11 @@ func raiseCaps(t *testing.T, blob []byte) []byte {
 		t.Fatalf("no python3 process among %v", names)
 	}
 	var buf bytes.Buffer
-	if _, err := criu.Pack(ctx, dir, &buf); err != nil {
+	meta, err := criu.Pack(ctx, dir, &buf)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return buf.Bytes()
+	return buf.Bytes(), meta
 }
 
 // decodeCore reads the CoreEntry of a CRIU core image (8 bytes of magic, a little-endian
@@ -260,7 +261,15 @@ func TestEscapeSnapshotForgedCapabilities(t *testing.T) {
 	}
 	before, _ := c.Sandboxes(ctx)
 	// Signed with the node's own key: only the credentials check stands in the way.
-	forged := editBlob(t, store, snap.Name, snap.Name+"-caps", "criu-images.tar.zst", d.signer(), func(b []byte) []byte { return raiseCaps(t, b) })
+	var meta criu.Meta
+	forged := editBlob(t, store, snap.Name, snap.Name+"-caps", "criu-images.tar.zst", d.signer(), func(b []byte) []byte {
+		var out []byte
+		out, meta = raiseCaps(t, b)
+		return out
+	})
+	// The forger records the new archive's size in the config too.
+	_, forgedName, _ := strings.Cut(forged, "#")
+	forged = rewriteConfig(t, store, forgedName, "unpackedBytes", meta.UnpackedBytes, d.signer())
 	_, err = c.Restore(ctx, forged, "", nil)
 	if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), `"python3"`) || !strings.Contains(err.Error(), "CAP_SYS_ADMIN") {
 		t.Fatalf("core image with full effective capabilities: want permission_denied naming python3 and CAP_SYS_ADMIN, got %v", err)
@@ -453,5 +462,49 @@ func TestSnapshotRestoreTimeout(t *testing.T) {
 	})
 	if sbs, _ := c.Sandboxes(ctx); len(sbs) != 1 {
 		t.Errorf("after a timed-out restore %d sandboxes are leased, want the source only", len(sbs))
+	}
+}
+
+// TestEscapeSnapshotSymlinkedEtc: a sandbox turns the files a restore could write
+// (/etc/machine-id, /etc/hostname, /etc/hosts, /etc/resolv.conf) into symlinks to host files;
+// restore and fork write only into the restored sandbox, never through them.
+func TestEscapeSnapshotSymlinkedEtc(t *testing.T) {
+	d := startDaemon(t)
+	c, ctx := d.client(), context.Background()
+	dir := shortTempDir(t)
+	names := []string{"machine-id", "hostname", "hosts", "resolv.conf"}
+	canary := map[string]string{}
+	var script []string
+	for _, n := range names {
+		p := filepath.Join(dir, "canary-"+n)
+		canary[p] = "host canary " + n + "\n"
+		if err := os.WriteFile(p, []byte(canary[p]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		script = append(script, fmt.Sprintf("rm -f /etc/%s; ln -s %s /etc/%s", n, p, n))
+	}
+	d.createPool("bb", busyboxImage, 0)
+	id := d.lease("bb").ID
+	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /etc; "+strings.Join(script, "; "))
+	snap, err := c.SnapshotPush(ctx, id, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Restore(ctx, snap.URI, "", nil)
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	forks := strings.Fields(d.cli("fork", id, "--count", "1"))
+	for p, want := range canary {
+		if got, err := os.ReadFile(p); err != nil || string(got) != want {
+			t.Errorf("host file %s: %q (%v) after restore and fork, want it untouched", p, got, err)
+		}
+	}
+	// The restored sandbox has its own machine id, a plain file in place of the symlink.
+	for _, sb := range append(forks, l.ID) {
+		out := d.cli("exec", sb, "--", "sh", "-c", "test -f /etc/machine-id && test ! -L /etc/machine-id && cat /etc/machine-id")
+		if len(strings.TrimSpace(out)) != 32 {
+			t.Errorf("sandbox %s: /etc/machine-id is %q, want a fresh 32-hex-digit id", sb, out)
+		}
 	}
 }

@@ -1,6 +1,8 @@
 package orchestrator
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/internal/rootfs"
 	"github.com/deltabox/deltabox/objectstore"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/overlay"
@@ -163,7 +166,12 @@ func applyRootfs(ctx context.Context, path string, size int64, upper string) err
 	return nil
 }
 
-// freshMachineID gives a restored sandbox its own /etc/machine-id when the image has one.
+// freshMachineID gives a restored sandbox its own /etc/machine-id when the image or the
+// snapshot has one. The upper dir holds the snapshot's files, which the sandbox controlled:
+// /etc/machine-id may be a symlink to a host file, /etc itself one to a host directory. The
+// write goes through internal/rootfs (openat2 beneath the upper dir, no symlink followed; an
+// existing entry is unlinked, the file created O_EXCL|O_NOFOLLOW), so it lands in the upper
+// dir or fails.
 func freshMachineID(layout pool.Layout) error {
 	found := false
 	for _, dir := range append([]string{layout.Upper}, layout.Lower...) {
@@ -175,12 +183,26 @@ func freshMachineID(layout pool.Layout) error {
 	if !found {
 		return nil
 	}
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	if err := os.MkdirAll(filepath.Join(layout.Upper, "etc"), 0o755); err != nil {
+	root, err := rootfs.Open(layout.Upper)
+	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(layout.Upper, "etc", "machine-id"), []byte(hex.EncodeToString(b)+"\n"), 0o444)
+	defer root.Close()
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	id := []byte(hex.EncodeToString(b) + "\n")
+	var buf bytes.Buffer
+	tw, now := tar.NewWriter(&buf), time.Now()
+	if _, err := root.Lstat("etc"); errdefs.IsNotFound(err) { // /etc only in the image
+		_ = tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: now})
+	}
+	_ = tw.WriteHeader(&tar.Header{Name: "etc/machine-id", Typeflag: tar.TypeReg, Mode: 0o444, Size: int64(len(id)), ModTime: now})
+	_, _ = tw.Write(id)
+	_ = tw.Close()
+	if _, err := root.Extract("/", tar.NewReader(&buf), rootfs.ExtractOptions{}); err != nil {
+		return fmt.Errorf("renew /etc/machine-id of the restored sandbox: %w", err)
+	}
+	return nil
 }
 
 // fetchSnapshot downloads a snapshot into a temp dir, every blob verified against its digest
