@@ -26,8 +26,8 @@ import (
 	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/testutil"
-	"github.com/deltabox/deltabox/pool"
 	"github.com/deltabox/deltabox/orchestrator/snapsign"
+	"github.com/deltabox/deltabox/pool"
 )
 
 // Attacks by whoever can write the snapshot store (issue 11): only manifests signed by a

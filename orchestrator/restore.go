@@ -37,7 +37,7 @@ type fetched struct {
 	rootfs string // rootfs diff (tar+zstd)
 	// rootfsSize is what the rootfs diff decompresses to, as the manifest records it.
 	rootfsSize int64
-	state  json.RawMessage
+	state      json.RawMessage
 }
 
 // Restore creates a new sandbox from a snapshot: a new container (own ID, cgroup, network

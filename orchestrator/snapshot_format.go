@@ -37,7 +37,7 @@ const (
 	annotationTitle = ocispec.AnnotationTitle
 	// annotationUncompressed records what a zstd blob decompresses to; restores refuse more.
 	annotationUncompressed = "io.deltabox.uncompressed-size"
-	snapshotFormat  = 1
+	snapshotFormat         = 1
 )
 
 // snapshotConfig is the config blob: what the snapshot is of and what restoring needs.
