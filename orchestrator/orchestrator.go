@@ -44,6 +44,11 @@ type Options struct {
 	Network           *network.Options // sandbox networking; nil: loopback only
 	Egress            EgressOptions    // the egress proxy (with Network only)
 	Effects           Effects          // the egress proxy's hooks (default: none held)
+	// API request limits (0: the defaults, DefaultRequestsPerSandbox and
+	// DefaultRequestBodyBudget): requests in flight per sandbox, and bytes of request bodies
+	// held in memory at once by the whole daemon.
+	RequestsPerSandbox int
+	RequestBodyBudget  int64
 	Snapshots         SnapshotOptions  // signing and trust of L3 snapshots
 }
 
@@ -104,6 +109,9 @@ type Orchestrator struct {
 	effects Effects
 	signer  *snapsign.Signer   // signs the manifests this node pushes
 	trust   *snapsign.Verifier // keys whose snapshots this node restores
+
+	limiterOnce sync.Once
+	limits      *requestLimiter // API request limits (see reqlimit.go)
 
 	mu       sync.Mutex
 	sessions map[string]*session // by sandbox (lease) ID

@@ -36,15 +36,17 @@ func (o *Orchestrator) selfHandler(id string) http.Handler {
 			writeError(r.Context(), w, fmt.Errorf("no route %s %s inside a sandbox (routes are /v1/self/checkpoints, rollback, diff, state, state/log, verify): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 			return
 		}
-		if rest == "rollback" {
-			if err := refuseForce(r); err != nil {
-				writeError(r.Context(), w, err)
-				return
-			}
-		}
 		r.URL.Path = "/v1/sandboxes/" + id + "/" + rest
 		r.URL.RawPath = ""
-		mux.ServeHTTP(w, r)
+		o.limiter().wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if rest == "rollback" {
+				if err := refuseForce(r); err != nil {
+					writeError(r.Context(), w, err)
+					return
+				}
+			}
+			mux.ServeHTTP(w, r)
+		})).ServeHTTP(w, r)
 	})
 }
 

@@ -20,7 +20,7 @@ import (
 // maxRequestBody bounds every JSON request body the API reads.
 const maxRequestBody = 32 << 20
 
-// Handler returns the HTTP handler of the /v1 API.
+// Handler returns the HTTP handler of the /v1 API, within the request limits (reqlimit.go).
 func (o *Orchestrator) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/info", handle(func(r *http.Request) (any, error) { return o.Info(r.Context()) }))
@@ -28,7 +28,7 @@ func (o *Orchestrator) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, fmt.Errorf("no API route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
-	return mux
+	return o.limiter().wrap(mux)
 }
 
 // handle adapts a function returning a value or an error to an http.HandlerFunc writing JSON.
