@@ -49,7 +49,7 @@ type Options struct {
 	// held in memory at once by the whole daemon.
 	RequestsPerSandbox int
 	RequestBodyBudget  int64
-	Snapshots         SnapshotOptions  // signing and trust of L3 snapshots
+	Snapshots          SnapshotOptions // signing and trust of L3 snapshots
 }
 
 // SnapshotOptions configure how L3 snapshots are signed and which are trusted.
