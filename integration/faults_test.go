@@ -214,9 +214,10 @@ func TestFaultsRelease(t *testing.T) {
 	d.crashAt("release/before-forget", "release", id)
 	for _, p := range []string{journal, filepath.Join(d.root, "sandboxes", id),
 		filepath.Join(d.root, "restore", "snap-interrupted"), filepath.Join(d.root, "criu-work", "dump-interrupted")} {
-		if _, err := os.Stat(p); !os.IsNotExist(err) {
-			t.Errorf("%s left behind after the start (%v)", p, err)
-		}
+		testutil.WaitFor(t, 10*time.Second, 20*time.Millisecond, p+" to be swept", func() bool {
+			_, err := os.Stat(p)
+			return os.IsNotExist(err)
+		})
 	}
 	if n := u.count("POST /released"); n != 0 {
 		t.Errorf("effect of a released sandbox sent %d times", n)

@@ -21,17 +21,17 @@ func (o *Orchestrator) sweep(ctx context.Context, leased map[string]bool) {
 			_ = os.RemoveAll(filepath.Join(o.opts.Root, "sandboxes", d.Name()))
 		}
 	}
-	// The proxy keeps one <sandbox>.journal per sandbox in its state directory.
+	// The proxy keeps one <sandbox>.journal per sandbox in its state directory. Removing
+	// one waits for a commit the proxy may be resuming, so it runs in the background.
 	journals, _ := os.ReadDir(filepath.Join(o.opts.Root, "proxy", "journal"))
+	var gone []string
 	for _, j := range journals {
-		id, ok := strings.CutSuffix(j.Name(), ".journal")
-		if !ok || leased[id] {
-			continue
+		if id, ok := strings.CutSuffix(j.Name(), ".journal"); ok && !leased[id] {
+			gone = append(gone, id)
 		}
-		log.L(ctx).Info("removing the effect journal of a sandbox that is no longer leased", "sandbox", id)
-		if err := o.effects.Forget(ctx, id); err != nil {
-			log.L(ctx).Warn("remove effect journal", "sandbox", id, "error", err)
-		}
+	}
+	if len(gone) > 0 {
+		go o.forgetJournals(context.WithoutCancel(ctx), gone)
 	}
 	for _, sub := range []string{"restore", "criu-work"} {
 		entries, _ := os.ReadDir(filepath.Join(o.opts.Root, sub))
@@ -41,6 +41,16 @@ func (o *Orchestrator) sweep(ctx context.Context, leased map[string]bool) {
 			if err := os.RemoveAll(p); err != nil {
 				log.L(ctx).Warn("remove leftover", "path", p, "error", err)
 			}
+		}
+	}
+}
+
+// forgetJournals removes the effect journals of sandboxes that are no longer leased.
+func (o *Orchestrator) forgetJournals(ctx context.Context, ids []string) {
+	for _, id := range ids {
+		log.L(ctx).Info("removing the effect journal of a sandbox that is no longer leased", "sandbox", id)
+		if err := o.effects.Forget(ctx, id); err != nil {
+			log.L(ctx).Warn("remove effect journal", "sandbox", id, "error", err)
 		}
 	}
 }
