@@ -35,6 +35,9 @@ func (o *Orchestrator) Commit(ctx context.Context, id string) (api.CommitResult,
 	}
 	log.L(ctx).Info("sandbox committed", "sandbox", id, "checkpoint", res.Checkpoint,
 		"released", res.EffectsReleased, "failed", res.EffectsFailed)
+	if res.EffectsFailed > 0 { // the commit point moved; the failed effects are the user's to decide
+		return res, fmt.Errorf("commit sandbox %q (checkpoint %s is its commit point): %w", id, ci.Checkpoint, o.failedEffectsError(ctx, id, ci.Upto))
+	}
 	return res, nil
 }
 

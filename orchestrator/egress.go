@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -23,14 +24,34 @@ const caPath = "/.deltabox/ca.pem"
 
 // EgressOptions configure the egress proxy (used only with sandbox networking).
 type EgressOptions struct {
-	UpstreamCAFile string // extra PEM roots for verifying upstreams (e.g. a local test CA)
-	BodyLimit      int64  // largest request body journaled for a held effect
+	UpstreamCAFile   string        // extra PEM roots for verifying upstreams (e.g. a local test CA)
+	BodyLimit        int64         // largest request body journaled for a held effect
+	CommitAttempts   int           // attempts per effect on commit (0: the proxy's default)
+	CommitTimeout    time.Duration // bound of each attempt
+	CommitBackoff    time.Duration // wait before the second attempt, doubling
+	CommitBackoffMax time.Duration // cap of that wait
+	MaxConnections   int           // connections one sandbox may hold open to the proxy
+	HeaderTimeout    time.Duration // to send a request's headers
+	BodyTimeout      time.Duration // to send a held request's body; longest pause in a passed one's
+	IdleTimeout      time.Duration // a keep-alive connection idle this long is closed
+}
+
+// proxyOptions translates the egress options (zero values keep the proxy's defaults).
+func (e EgressOptions) proxyOptions() []proxy.Option {
+	return []proxy.Option{
+		proxy.WithCommitRetry(e.CommitAttempts, e.CommitBackoff),
+		proxy.WithCommitBackoffMax(e.CommitBackoffMax),
+		proxy.WithCommitTimeout(e.CommitTimeout),
+		proxy.WithConnLimits(proxy.ConnLimits{MaxConns: e.MaxConnections, HeaderTimeout: e.HeaderTimeout,
+			BodyTimeout: e.BodyTimeout, IdleTimeout: e.IdleTimeout}),
+	}
 }
 
 // startEgress starts the proxy on the sandbox network's gateway: the forward port and the two
 // transparent ports the firewall redirects plain TCP 80/443 to.
 func (o *Orchestrator) startEgress(ctx context.Context, nopts network.Options) error {
-	opts := []proxy.Option{proxy.WithStateDir(filepath.Join(o.opts.Root, "proxy")), proxy.WithGateway(o.net.Gateway())}
+	opts := append([]proxy.Option{proxy.WithStateDir(filepath.Join(o.opts.Root, "proxy")), proxy.WithGateway(o.net.Gateway())},
+		o.opts.Egress.proxyOptions()...)
 	if o.opts.Metrics != nil {
 		opts = append(opts, proxy.WithRegisterer(o.opts.Metrics))
 	}
@@ -178,8 +199,7 @@ func (e proxyEffects) List(_ context.Context, sandbox string, from, to uint64) (
 		if x.Seq <= from || (to != 0 && x.Seq > to) {
 			continue
 		}
-		out = append(out, api.Effect{ID: x.ID, Seq: x.Seq, Checkpoint: x.Checkpoint, Method: x.Method, URL: x.URL,
-			Status: string(x.Status), ResponseStatus: x.ResponseStatus, Attempts: x.Attempts, Created: x.Created})
+		out = append(out, apiEffect(x))
 	}
 	return out, nil
 }

@@ -95,19 +95,27 @@ func (p *Proxy) tlsConfig(m *connMeta) *tls.Config {
 }
 
 // acceptTransparent serves a connection redirected by the firewall.
-func (p *Proxy) acceptTransparent(ctx context.Context, c net.Conn) {
-	dst, err := p.cfg.originalDst(c)
+func (p *Proxy) acceptTransparent(ctx context.Context, raw net.Conn) {
+	c := p.admit(ctx, raw, false)
+	if c == nil {
+		return
+	}
+	dst, err := p.cfg.originalDst(raw)
 	if err != nil {
-		log.L(ctx).Warn("proxy: transparent connection without an original destination", "src", c.RemoteAddr().String(), "error", err)
+		log.L(ctx).Warn("proxy: transparent connection without an original destination", "src", raw.RemoteAddr().String(), "error", err)
 		c.Close()
 		return
 	}
 	ip := dst.Addr().Unmap()
-	m := &connMeta{mode: modeTransparent, src: sourceAddr(c), host: ip.String(), port: int(dst.Port()), origIP: ip, base: ctx}
+	m := &connMeta{mode: modeTransparent, src: sourceAddr(raw), host: ip.String(), port: int(dst.Port()), origIP: ip, base: ctx}
 	p.intercept(ctx, c, bufio.NewReader(c), m)
 }
 
 // acceptForward hands an explicit-proxy connection to the server.
-func (p *Proxy) acceptForward(ctx context.Context, c net.Conn) {
-	p.conns.push(&metaConn{Conn: c, r: c, meta: &connMeta{mode: modeForward, src: sourceAddr(c), base: ctx}, ctx: ctx})
+func (p *Proxy) acceptForward(ctx context.Context, raw net.Conn) {
+	c := p.admit(ctx, raw, true)
+	if c == nil {
+		return
+	}
+	p.conns.push(&metaConn{Conn: c, r: c, meta: &connMeta{mode: modeForward, src: sourceAddr(raw), base: ctx}, ctx: ctx})
 }

@@ -132,7 +132,7 @@ func (p *Proxy) recordPassed(ctx context.Context, sb *sandbox, method string, tg
 
 // compensate forwards the request now and journals it with its compensating request.
 func (p *Proxy) compensate(ctx context.Context, w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *target, d decision, rl *reqLog) {
-	body, rerr := readBody(r, p.cfg.bodyLimit)
+	body, rerr := p.readWholeBody(w, r)
 	rl.bytes = int64(len(body))
 	if rerr != nil {
 		p.refuse(w, rl, rerr.status, rerr.reason)

@@ -122,7 +122,7 @@ func (p *Proxy) logDecision(ctx context.Context, rl *reqLog) {
 
 // pass forwards the request and streams the answer back.
 func (p *Proxy) pass(ctx context.Context, w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *target, rl *reqLog) {
-	body := &countingReader{r: r.Body}
+	body := &countingReader{r: p.pacedBody(w, r)}
 	out := outRequest(ctx, r.Method, tgt, r.Header, body, r.ContentLength)
 	resp, err := p.transportFor(sb.id).RoundTrip(out)
 	rl.bytes = body.n
@@ -143,7 +143,7 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, rl *reqLog, err error) {
 
 // hold journals the request durably and answers at once.
 func (p *Proxy) hold(ctx context.Context, w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *target, d decision, rl *reqLog) {
-	body, rerr := readBody(r, p.cfg.bodyLimit)
+	body, rerr := p.readWholeBody(w, r)
 	rl.bytes = int64(len(body))
 	if rerr != nil {
 		p.refuse(w, rl, rerr.status, rerr.reason)
@@ -186,7 +186,9 @@ func readBody(r *http.Request, limit int64) ([]byte, *requestError) {
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		return nil, reject(http.StatusBadRequest, "read request body: %v", err)
+		rerr := reject(http.StatusBadRequest, "read request body: %v", err)
+		rerr.cause = err
+		return nil, rerr
 	}
 	if int64(len(body)) > limit {
 		return nil, reject(http.StatusRequestEntityTooLarge, "request body exceeds the limit of %d bytes", limit)

@@ -46,6 +46,12 @@ func (m *metrics) observe(decision string, d time.Duration) {
 	}
 }
 
+func (m *metrics) connRefused() {
+	if m != nil {
+		m.decisions.WithLabelValues("connection_limit").Inc()
+	}
+}
+
 func (m *metrics) effectDone(status Status) {
 	if m != nil {
 		m.commits.WithLabelValues(string(status)).Inc()

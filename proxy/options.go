@@ -45,6 +45,10 @@ type config struct {
 	journalLimit     int64
 	nodeAddrs        NodeAddrsFunc
 	gateways         []netip.Addr
+	maxConns         int
+	headerTimeout    time.Duration
+	bodyTimeout      time.Duration
+	idleTimeout      time.Duration
 }
 
 // Option configures New.
@@ -127,6 +131,32 @@ func WithCommitTimeout(d time.Duration) Option {
 	}
 }
 
+// ConnLimits bound what one sandbox (source address) may hold open at the proxy.
+type ConnLimits struct {
+	MaxConns      int           // open connections per sandbox (default 256); beyond it new ones are refused
+	HeaderTimeout time.Duration // to read a request's headers, from the first byte of the connection or request (default 30s)
+	BodyTimeout   time.Duration // a held or compensated request's whole body; a passed one's longest pause (default 60s)
+	IdleTimeout   time.Duration // a keep-alive connection waiting for its next request (default 2m)
+}
+
+// WithConnLimits sets the per-sandbox connection limits; zero fields keep their defaults.
+func WithConnLimits(l ConnLimits) Option {
+	return func(c *config) {
+		if l.MaxConns > 0 {
+			c.maxConns = l.MaxConns
+		}
+		if l.HeaderTimeout > 0 {
+			c.headerTimeout = l.HeaderTimeout
+		}
+		if l.BodyTimeout > 0 {
+			c.bodyTimeout = l.BodyTimeout
+		}
+		if l.IdleTimeout > 0 {
+			c.idleTimeout = l.IdleTimeout
+		}
+	}
+}
+
 // WithNodeAddrs replaces the listing of the node's own interface addresses, which the proxy
 // refuses to dial unless a rule names them (tests; default: every interface, listed at each
 // check).
@@ -161,5 +191,9 @@ func defaultConfig() config {
 		commitTimeout:    30 * time.Second,
 		journalLimit:     1 << 30,
 		nodeAddrs:        interfacePrefixes,
+		maxConns:         256,
+		headerTimeout:    30 * time.Second,
+		bodyTimeout:      60 * time.Second,
+		idleTimeout:      2 * time.Minute,
 	}
 }

@@ -48,6 +48,7 @@ type Proxy struct {
 	transports map[string]*http.Transport
 
 	conns     *chanListener
+	limiter   *connLimiter
 	srv       *http.Server
 	listeners []net.Listener
 	closeOnce sync.Once
@@ -66,6 +67,7 @@ func New(opts ...Option) (*Proxy, error) {
 	p := &Proxy{
 		cfg: cfg, journalDir: filepath.Join(cfg.stateDir, "journal"), byIP: map[netip.Addr]*sandbox{},
 		journals: map[string]*journal{}, transports: map[string]*http.Transport{}, conns: newChanListener(),
+		limiter: newConnLimiter(cfg.maxConns),
 	}
 	var err error
 	if p.ca, err = loadOrCreateCA(filepath.Join(cfg.stateDir, "ca"), cfg.clock, cfg.leafCacheSize); err != nil {
@@ -103,8 +105,8 @@ func upstreamRoots(extra [][]byte) (*x509.CertPool, error) {
 func (p *Proxy) newServer() *http.Server {
 	return &http.Server{
 		Handler:           handler{p: p},
-		ReadHeaderTimeout: 30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: p.cfg.headerTimeout,
+		IdleTimeout:       p.cfg.idleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
 		ErrorLog:          slog.NewLogLogger(log.L(context.Background()).Handler(), slog.LevelDebug),

@@ -23,6 +23,7 @@ type target struct {
 type requestError struct {
 	status int
 	reason string
+	cause  error // what made it, if anything
 }
 
 func (e *requestError) Error() string { return e.reason }

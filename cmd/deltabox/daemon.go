@@ -106,7 +106,7 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI, InitBinary: initBinary,
 		Metrics: registry, Retain: cfg.Checkpoints.Retain, L2Every: cfg.Checkpoints.L2Every,
 		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, Network: netOpts,
-		Egress: orchestrator.EgressOptions{UpstreamCAFile: cfg.Egress.UpstreamCAFile, BodyLimit: cfg.Egress.BodyLimit},
+		Egress: egressOptions(cfg.Egress),
 		Snapshots: orchestrator.SnapshotOptions{SigningKey: cfg.Snapshots.SigningKey, TrustedKeys: cfg.Snapshots.TrustedKeys,
 			RestoreTimeout: cfg.Snapshots.RestoreTimeout.Duration},
 	})
@@ -211,4 +211,15 @@ func newLogger(cfg config.Log, w interface{ Write([]byte) (int, error) }) *slog.
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// egressOptions translates the [egress] section.
+func egressOptions(e config.Egress) orchestrator.EgressOptions {
+	return orchestrator.EgressOptions{
+		UpstreamCAFile: e.UpstreamCAFile, BodyLimit: e.BodyLimit,
+		CommitAttempts: e.CommitAttempts, CommitTimeout: e.CommitTimeout.Duration,
+		CommitBackoff: e.CommitBackoff.Duration, CommitBackoffMax: e.CommitBackoffMax.Duration,
+		MaxConnections: e.MaxConnections, HeaderTimeout: e.HeaderTimeout.Duration,
+		BodyTimeout: e.BodyTimeout.Duration, IdleTimeout: e.IdleTimeout.Duration,
+	}
 }

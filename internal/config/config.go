@@ -60,8 +60,31 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 
 // Egress configures the egress proxy.
 type Egress struct {
-	UpstreamCAFile string `toml:"upstream_ca_file"`
-	BodyLimit      int64  `toml:"body_limit"`
+	UpstreamCAFile   string   `toml:"upstream_ca_file"`
+	BodyLimit        int64    `toml:"body_limit"`
+	CommitAttempts   int      `toml:"commit_attempts"`
+	CommitTimeout    Duration `toml:"commit_timeout"`
+	CommitBackoff    Duration `toml:"commit_backoff"`
+	CommitBackoffMax Duration `toml:"commit_backoff_max"`
+	MaxConnections   int      `toml:"max_connections"`
+	HeaderTimeout    Duration `toml:"header_timeout"`
+	BodyTimeout      Duration `toml:"body_timeout"`
+	IdleTimeout      Duration `toml:"idle_timeout"`
+}
+
+// validate checks the [egress] section.
+func (e Egress) validate(name string) error {
+	if e.CommitAttempts < 1 || e.MaxConnections < 1 {
+		return fmt.Errorf("config %s: egress.commit_attempts = %d, egress.max_connections = %d: want at least 1: %w",
+			name, e.CommitAttempts, e.MaxConnections, errdefs.ErrInvalidArgument)
+	}
+	for key, d := range map[string]Duration{"commit_timeout": e.CommitTimeout, "commit_backoff": e.CommitBackoff,
+		"commit_backoff_max": e.CommitBackoffMax, "header_timeout": e.HeaderTimeout, "body_timeout": e.BodyTimeout, "idle_timeout": e.IdleTimeout} {
+		if d.Duration < time.Millisecond {
+			return fmt.Errorf("config %s: egress.%s = %s: want at least 1ms: %w", name, key, d, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
 }
 
 // Network configures sandbox networking and the egress proxy's ports.
@@ -164,6 +187,9 @@ func (c Config) validate(name string) error {
 	}
 	if c.Checkpoints.Retain < 2 {
 		return fmt.Errorf("config %s: checkpoints.retain = %d: keep at least 2: %w", name, c.Checkpoints.Retain, errdefs.ErrInvalidArgument)
+	}
+	if err := c.Egress.validate(name); err != nil {
+		return err
 	}
 	if c.Snapshots.RestoreTimeout.Duration < time.Second {
 		return fmt.Errorf("config %s: snapshots.restore_timeout = %s: want at least 1s: %w", name, c.Snapshots.RestoreTimeout, errdefs.ErrInvalidArgument)

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 )
@@ -78,6 +79,28 @@ func TestFileNamedDefaultKeepsDefaults(t *testing.T) {
 		want.Root, want.Log.Level = "/srv/db", "debug"
 		if !reflect.DeepEqual(c, want) {
 			t.Errorf("load %s:\n got  %+v\n want %+v", path, c, want)
+		}
+	}
+}
+
+func TestEgressLimitsParseAndValidate(t *testing.T) {
+	c, err := Parse([]byte("version = 1\n[egress]\ncommit_attempts = 2\ncommit_timeout = \"5s\"\nmax_connections = 7\nidle_timeout = \"1m\"\n"), "egress.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Egress.CommitAttempts != 2 || c.Egress.CommitTimeout.Duration != 5*time.Second || c.Egress.MaxConnections != 7 ||
+		c.Egress.IdleTimeout.Duration != time.Minute || c.Egress.BodyTimeout.Duration != time.Minute {
+		t.Fatalf("egress %+v", c.Egress)
+	}
+	for in, want := range map[string]string{
+		"commit_attempts = 0":     "egress.commit_attempts = 0",
+		"max_connections = -1":    "egress.max_connections = -1",
+		`commit_timeout = "0s"`:   "egress.commit_timeout = 0s",
+		`header_timeout = "10ns"`: "egress.header_timeout",
+	} {
+		_, err := Parse([]byte("version = 1\n[egress]\n"+in+"\n"), "bad.toml")
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error naming %q", in, err, want)
 		}
 	}
 }

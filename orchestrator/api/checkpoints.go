@@ -99,6 +99,11 @@ type Effect struct {
 	ResponseStatus int       `json:"response_status,omitempty"`
 	Attempts       int       `json:"attempts,omitempty"`
 	Created        time.Time `json:"created"`
+	Error          string    `json:"error,omitempty"` // the last attempt's error
+	// History is every delivery attempt's outcome, oldest first ([] if none).
+	History []EffectAttempt `json:"history"`
+	// NextAttempt is when a commit that is waiting to try again will (while it waits).
+	NextAttempt *time.Time `json:"next_attempt,omitempty"`
 }
 
 // StatePatchResult answers a state patch.
