@@ -458,3 +458,29 @@ time.sleep(1000)`
 		t.Fatalf("after rollback the mapped file starts with %q, want zeros", out)
 	}
 }
+
+// TestRetentionKeepsLeaseCheckpoint: past the retention limit the first checkpoint (the
+// sandbox as leased) is kept and can still be rolled back to, agent state included (the
+// state log used to be compacted past it: "log from 0: compacted up to 8").
+func TestRetentionKeepsLeaseCheckpoint(t *testing.T) {
+	d := startDaemonWith(t, "[checkpoints]\nretain = 3\n")
+	d.createPool("bb", busyboxImage, 1)
+	id := d.lease("bb").ID
+	lease := d.stateDoc(id)
+	for i := 0; i < 6; i++ {
+		d.cli("state", "patch", id, fmt.Sprintf(`[{"op":"add","path":"/n%d","value":%d}]`, i, i))
+		d.cli("exec", id, "--", "sh", "-c", fmt.Sprintf("echo %d > /root/n", i))
+		d.cli("checkpoint", "create", id)
+	}
+	ids := d.checkpointIDs(id)
+	if len(ids) != 3 || ids[0] != "1" {
+		t.Fatalf("checkpoints after retention: %v, want 3 with the first", ids)
+	}
+	d.cli("rollback", id, "--to", "1")
+	if got := d.stateDoc(id); got != lease {
+		t.Fatalf("state after rollback to the lease checkpoint: %s, want %s", got, lease)
+	}
+	if _, _, code := d.cliRaw("exec", id, "--", "test", "-e", "/root/n"); code == 0 {
+		t.Fatal("files not rolled back to the lease checkpoint")
+	}
+}
