@@ -21,5 +21,11 @@
 // leaves the previous checkpoint intact. A rollback leaves a small durable record
 // (rollback.json) until the next capture absorbs it. One empty temp file is kept ready (made
 // in the background after each write) so that the frozen window never pays for creating an
-// inode; temp files left behind are removed when the store is opened.
+// inode; temp files left behind are removed when the store is opened. Every file entry
+// carries an XXH3-64 digest of its content (manifest version 2; version 1 packs load
+// unchecked), computed while it is copied and checked before the content is used: a rollback
+// or export refuses damaged content (DamageError, naming checkpoint and path) before writing
+// anything, Verify reports it, Scrub checks every pack. A pack whose manifest is damaged, and
+// the checkpoints that depend on it, are set aside (<id>.ckpt.damaged-<time>) when the store
+// opens; the checkpoints before it stay usable.
 package overlay

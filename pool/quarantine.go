@@ -147,6 +147,7 @@ func (m *Manager) finishAdopt(ctx context.Context, q *Quarantined, p *pool, rec 
 	}
 	delete(m.quarantine, q.ID)
 	sb := &sandbox{rec: rec, inst: inst}
+	m.watch(sb, inst.ref.Load())
 	p.leased++
 	m.leased[rec.Lease.ID] = sb
 	log.L(ctx).Info("quarantined sandbox adopted", "sandbox", rec.Lease.ID, "container", rec.CID, "pool", p.t.Name)

@@ -142,7 +142,7 @@ func (m *Manager) suspect(f found) string {
 		return f.bad
 	case !f.recorded && f.claimed:
 		return fmt.Sprintf("no record in the pool database, but lease %s (session directory) names this container", f.claim.Lease.ID)
-	case !f.recorded:
+	case !f.recorded, f.rec.Destroying: // a tombstone: its lease was released
 		return ""
 	case f.claimed && (f.rec.Lease == nil || f.rec.Lease.ID != f.claim.Lease.ID):
 		return fmt.Sprintf("its record says %s, but lease %s (session directory) names this container", leaseOf(f.rec), f.claim.Lease.ID)
