@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/internal/rootfs"
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
@@ -61,7 +62,10 @@ func (o *Orchestrator) serveSelf(ctx context.Context, s *session) (func(), error
 	if err != nil {
 		return nil, fmt.Errorf("listen on the sandbox socket: %w", err)
 	}
-	_ = os.Chmod(path, 0o666)
+	if err := rootfs.ChmodSocket(path, 0o666); err != nil { // never os.Chmod: it follows a swapped-in symlink
+		l.Close()
+		return nil, fmt.Errorf("sandbox socket: %w", err)
+	}
 	srv := &http.Server{Handler: o.selfHandler(s.id), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
