@@ -1,0 +1,88 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+)
+
+// testCgroup makes a cgroup with a freezer for the test and returns its path and freezer.
+func testCgroup(t *testing.T) (string, Freezer) {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	path := fmt.Sprintf("/deltabox-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	f := NewFreezer(path)
+	if err := os.Mkdir(f.dir, 0o755); err != nil {
+		t.Skipf("cannot make a cgroup here: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = f.Thaw()
+		_ = os.Remove(filepath.Join(f.dir, "child"))
+		_ = os.Remove(f.dir)
+	})
+	return path, f
+}
+
+// startIn starts sleep in the cgroup directory dir.
+func startIn(t *testing.T, dir string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "100")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
+
+// TestKillAllButKeepsOnlyTheInit: release kills through the cgroup, child cgroups included,
+// and leaves the init (and processes outside the cgroup) alone.
+func TestKillAllButKeepsOnlyTheInit(t *testing.T) {
+	_, f := testCgroup(t)
+	init := startIn(t, f.dir)
+	victim := startIn(t, f.dir)
+	if err := os.Mkdir(filepath.Join(f.dir, "child"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	nested := startIn(t, filepath.Join(f.dir, "child"))
+	outside := exec.Command("sleep", "100")
+	if err := outside.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = outside.Process.Kill(); _ = outside.Wait() }()
+	waits := map[string]chan error{}
+	for name, c := range map[string]*exec.Cmd{"victim": victim, "nested": nested} {
+		ch := make(chan error, 1)
+		go func() { ch <- c.Wait() }()
+		waits[name] = ch
+	}
+	killed, err := f.KillAllBut(context.Background(), init.Process.Pid, 5*time.Second)
+	if err != nil || killed != 2 {
+		t.Fatalf("KillAllBut = %d, %v; want 2 killed", killed, err)
+	}
+	for name, ch := range waits {
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s survived", name)
+		}
+	}
+	for name, c := range map[string]*exec.Cmd{"init": init, "outside": outside} {
+		if err := c.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Fatalf("%s was killed: %v", name, err)
+		}
+	}
+	if member, err := f.member(outside.Process.Pid); err != nil || member {
+		t.Fatalf("a process outside the cgroup counts as a member (%v)", err)
+	}
+}
