@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -138,9 +139,13 @@ func TestSnapshotPushRestoreAndFork(t *testing.T) {
 	for _, f := range forks {
 		checkContinues(t, d, f, forkFrom, forkTo+10)
 	}
+	d.cliJSON(&snaps, "snapshot", "ls")
+	if len(snaps) != 1 || snaps[0].Name != snap.Name { // the fork removed the snapshot it pushed
+		t.Errorf("after fork: %+v", snaps)
+	}
 	d.cli("snapshot", "rm", snap.URI)
 	d.cliJSON(&snaps, "snapshot", "ls")
-	if len(snaps) != 1 || snaps[0].Name == snap.Name { // the fork's own snapshot remains
+	if len(snaps) != 0 {
 		t.Errorf("after rm: %+v", snaps)
 	}
 }
@@ -294,4 +299,92 @@ func corruptBlob(t *testing.T, store, name, title string) {
 		}
 	}
 	t.Fatalf("no %s blob in %s", title, name)
+}
+
+// TestSnapshotRestoreIsFaithful: a restore keeps the lease's env, labels, egress policy and
+// checkpoint history and records where it came from; a fork records its source and removes
+// the snapshot it pushed unless asked to keep it.
+func TestSnapshotRestoreIsFaithful(t *testing.T) {
+	d := startDaemon(t)
+	c, ctx := d.client(), context.Background()
+	d.createPool("py", pythonImage, 0, "--max", "8")
+	const denyAll = "version: 1\ndefault: deny\n" // narrower than the pool's built-in default
+	policy := filepath.Join(t.TempDir(), "deny.yaml")
+	if err := os.WriteFile(policy, []byte(denyAll), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := d.lease("py", "--env", "SECRET_TOKEN=tok-123", "--label", "job=42", "--egress-policy", policy).ID
+	d.cli("exec", id, "--timeout", "30s", "--", "sh", "-c", counterScript)
+	var step api.Checkpoint
+	d.cliJSON(&step, "checkpoint", "create", id, "-m", "step one")
+	snap, err := c.SnapshotPush(ctx, id, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Restore(ctx, snap.URI, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	faithful := func(sbID, last string) api.Sandbox {
+		t.Helper()
+		sb, err := c.Sandbox(ctx, sbID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(sb.Env, "SECRET_TOKEN=tok-123") || sb.Labels["job"] != "42" || sb.EgressPolicy != denyAll {
+			t.Errorf("sandbox %s: env %v, labels %v, policy %q: want the source lease's", sbID, sb.Env, sb.Labels, sb.EgressPolicy)
+		}
+		if out := d.cli("exec", sbID, "--", "sh", "-c", "echo $SECRET_TOKEN"); out != "tok-123\n" {
+			t.Errorf("sandbox %s: a new exec sees SECRET_TOKEN=%q", sbID, out)
+		}
+		var ckpts []api.Checkpoint
+		d.cliJSON(&ckpts, "checkpoint", "ls", sbID)
+		var ids []string
+		for _, ck := range ckpts {
+			ids = append(ids, ck.ID)
+		}
+		if len(ckpts) < 3 || ckpts[len(ckpts)-1].ID != last || !slices.ContainsFunc(ckpts, func(ck api.Checkpoint) bool {
+			return ck.ID == step.ID && ck.Message == "step one"
+		}) {
+			t.Errorf("sandbox %s: checkpoints %v, want the source's history up to %s (with %s \"step one\")", sbID, ids, last, step.ID)
+		}
+		return sb
+	}
+	if sb := faithful(l.ID, snap.Checkpoint); sb.RestoredFrom != snap.URI {
+		t.Errorf("restored_from = %q, want %q", sb.RestoredFrom, snap.URI)
+	}
+	var inspected map[string]any
+	d.cliJSON(&inspected, "inspect", l.ID)
+	if inspected["restored_from"] != snap.URI {
+		t.Errorf("inspect -o json: restored_from = %v", inspected["restored_from"])
+	}
+
+	forks, err := c.Fork(ctx, id, "", 1, nil)
+	if err != nil || len(forks) != 1 {
+		t.Fatalf("fork: %v %v", forks, err)
+	}
+	// The fork's snapshot is the source's next checkpoint.
+	next := strconv.Itoa(ckptNum(t, snap.Checkpoint) + 1)
+	if sb := faithful(forks[0].ID, next); sb.ForkedFrom != id+"@"+next {
+		t.Errorf("forked_from = %q, want %s@%s", sb.ForkedFrom, id, next)
+	}
+	snaps, _ := c.Snapshots(ctx, "")
+	if len(snaps) != 1 {
+		t.Errorf("after a fork the store holds %d snapshots, want only the pushed one", len(snaps))
+	}
+	if _, err := c.ForkWith(ctx, id, api.SnapshotRequest{Count: 1, KeepSnapshot: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if snaps, _ = c.Snapshots(ctx, ""); len(snaps) != 2 {
+		t.Errorf("after fork --keep-snapshot the store holds %d snapshots, want 2", len(snaps))
+	}
+}
+
+func ckptNum(t *testing.T, id string) int {
+	t.Helper()
+	n, err := strconv.Atoi(id)
+	if err != nil {
+		t.Fatalf("checkpoint ID %q is not a number", id)
+	}
+	return n
 }

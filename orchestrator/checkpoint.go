@@ -213,9 +213,9 @@ func (o *Orchestrator) Checkpoints(ctx context.Context, id string) ([]api.Checkp
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := make([]api.Checkpoint, len(s.ckpts))
-	for i, c := range s.ckpts {
-		out[i] = s.view(c)
+	out := append(make([]api.Checkpoint, 0, len(s.inherited)+len(s.ckpts)), s.inherited...)
+	for _, c := range s.ckpts {
+		out = append(out, s.view(c))
 	}
 	return out, nil
 }

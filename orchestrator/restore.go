@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -31,6 +30,7 @@ import (
 
 // fetched is a snapshot downloaded and verified into a local directory.
 type fetched struct {
+	uri    string // STORE#NAME
 	dir    string
 	cfg    snapshotConfig
 	images string // unpacked CRIU images
@@ -63,8 +63,9 @@ func (o *Orchestrator) Restore(ctx context.Context, uri, poolName string, emit E
 
 // restoreTarget is where and how a fetched snapshot is restored.
 type restoreTarget struct {
-	pool  string
-	lease pool.LeaseRequest
+	pool    string
+	lease   pool.LeaseRequest
+	message string // of the restored sandbox's first checkpoint
 }
 
 // restoreInto decides a restore's target: the pool (given, or the snapshot's pool name) must
@@ -83,7 +84,8 @@ func (o *Orchestrator) restoreInto(ctx context.Context, f *fetched, poolName str
 	if err != nil {
 		return restoreTarget{}, fmt.Errorf("restore snapshot %s-%s into pool %q: %w", f.cfg.Sandbox, f.cfg.Checkpoint, poolName, err)
 	}
-	return restoreTarget{pool: poolName, lease: pool.LeaseRequest{Env: f.cfg.Lease.Env, Labels: f.cfg.Lease.Labels, EgressPolicy: policy}}, nil
+	return restoreTarget{pool: poolName, message: "restored from " + f.uri,
+		lease: pool.LeaseRequest{Env: f.cfg.Lease.Env, Labels: f.cfg.Lease.Labels, EgressPolicy: policy, RestoredFrom: f.uri}}, nil
 }
 
 func (o *Orchestrator) restoreFetched(ctx context.Context, f *fetched, to restoreTarget, emit Emit) (api.Lease, error) {
@@ -92,7 +94,7 @@ func (o *Orchestrator) restoreFetched(ctx context.Context, f *fetched, to restor
 	if err != nil {
 		return api.Lease{}, fmt.Errorf("restore snapshot %s-%s: %w", f.cfg.Sandbox, f.cfg.Checkpoint, err)
 	}
-	o.startSessionWith(ctx, res.Sandbox, f.state)
+	o.startSessionWith(ctx, res.Sandbox, seedFor(f, to.message))
 	log.L(ctx).Info("snapshot restored", "sandbox", res.ID, "from", f.cfg.Sandbox, "checkpoint", f.cfg.Checkpoint)
 	return api.Lease{LeaseResult: apiLeaseResult(res)}, nil
 }
@@ -237,7 +239,7 @@ func (o *Orchestrator) fetchSnapshot(ctx context.Context, uri string, emit Emit)
 			os.RemoveAll(dir)
 		}
 	}()
-	f := &fetched{dir: dir, cfg: cfg, images: filepath.Join(dir, "images"), rootfs: filepath.Join(dir, "rootfs.tar.zst")}
+	f := &fetched{dir: dir, cfg: cfg, uri: storeURI + "#" + name, images: filepath.Join(dir, "images"), rootfs: filepath.Join(dir, "rootfs.tar.zst")}
 	return f, f.download(ctx, cas, m, emit)
 }
 
@@ -343,42 +345,56 @@ func readZstd(path string, size int64) ([]byte, error) {
 	return io.ReadAll(&boundedReader{r: zr, n: size, what: filepath.Base(path)})
 }
 
-// Fork pushes one snapshot of a sandbox and restores it count times into its pool.
-func (o *Orchestrator) Fork(ctx context.Context, id, to string, count int, emit Emit) ([]api.Lease, error) {
-	if count < 1 || count > 64 {
-		return nil, fmt.Errorf("fork count %d: want 1 to 64: %w", count, errdefs.ErrInvalidArgument)
+// Fork pushes one snapshot of a sandbox and restores it req.Count times into its pool; the
+// pushed snapshot is removed afterwards unless req.KeepSnapshot.
+func (o *Orchestrator) Fork(ctx context.Context, id string, req api.SnapshotRequest, emit Emit) ([]api.Lease, error) {
+	if req.Count < 1 || req.Count > 64 {
+		return nil, fmt.Errorf("fork count %d: want 1 to 64: %w", req.Count, errdefs.ErrInvalidArgument)
 	}
 	sb, err := o.pools.Get(id)
 	if err != nil {
 		return nil, err
 	}
-	snap, err := o.SnapshotPush(ctx, id, to, emit)
+	snap, err := o.SnapshotPush(ctx, id, req.To, emit)
 	if err != nil {
 		return nil, err
+	}
+	if !req.KeepSnapshot {
+		defer o.dropForkSnapshot(ctx, snap.URI)
 	}
 	f, err := o.fetchSnapshot(ctx, snap.URI, emit)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(f.dir)
-	target, err := o.forkInto(sb)
+	target, err := o.forkInto(sb, snap.Checkpoint)
 	if err != nil {
 		return nil, err
 	}
 	var leases []api.Lease
-	for range count {
+	for range req.Count {
 		l, err := o.restoreFetched(ctx, f, target, emit)
 		if err != nil {
-			return leases, errors.Join(fmt.Errorf("fork %d of %d: %w", len(leases)+1, count, err))
+			return leases, fmt.Errorf("fork %d of %d: %w", len(leases)+1, req.Count, err)
 		}
 		leases = append(leases, l)
 	}
 	return leases, nil
 }
 
+// dropForkSnapshot removes the snapshot a fork pushed (its manifest, signature and the blobs
+// no other snapshot uses); it survives cancellation of the request.
+func (o *Orchestrator) dropForkSnapshot(ctx context.Context, uri string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := o.SnapshotRemove(ctx, uri); err != nil {
+		log.L(ctx).Warn("remove the snapshot a fork pushed", "snapshot", uri, "error", err)
+	}
+}
+
 // forkInto is the target of a fork: the source's own pool and lease settings, taken from the
 // live source sandbox on this node, not from the pushed snapshot.
-func (o *Orchestrator) forkInto(sb pool.Sandbox) (restoreTarget, error) {
+func (o *Orchestrator) forkInto(sb pool.Sandbox, ckpt string) (restoreTarget, error) {
 	t, err := o.pools.Template(sb.Pool)
 	if err != nil {
 		return restoreTarget{}, err
@@ -387,7 +403,9 @@ func (o *Orchestrator) forkInto(sb pool.Sandbox) (restoreTarget, error) {
 	if policy == t.EgressPolicy {
 		policy = ""
 	}
-	return restoreTarget{pool: sb.Pool, lease: pool.LeaseRequest{Env: sb.Env, Labels: sb.Labels, EgressPolicy: policy}}, nil
+	from := sb.ID + "@" + ckpt
+	return restoreTarget{pool: sb.Pool, message: "forked from " + from,
+		lease: pool.LeaseRequest{Env: sb.Env, Labels: sb.Labels, EgressPolicy: policy, ForkedFrom: from}}, nil
 }
 
 // restoreWithTimeout is a CRIU restore bounded by the configured restore timeout; one that

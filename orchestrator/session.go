@@ -35,10 +35,13 @@ type session struct {
 	rec      records
 	meta     sessionMeta
 	ckpts    []ckptRecord // oldest first
-	frz      freezer
-	intents  *intentLog
-	pending  *rollbackIntent          // a rollback that failed after it began; finished before anything else
-	openRoot func() (*os.File, error) // the sandbox's root (default sb.OpenRoot; fakes in tests)
+	// inherited are the checkpoints a restored sandbox's snapshot carried (listed, not
+	// rollback targets); see snapshot_history.go.
+	inherited []api.Checkpoint
+	frz       freezer
+	intents   *intentLog
+	pending   *rollbackIntent          // a rollback that failed after it began; finished before anything else
+	openRoot  func() (*os.File, error) // the sandbox's root (default sb.OpenRoot; fakes in tests)
 
 	ready     chan struct{} // closed once open finished
 	openErr   error
@@ -56,8 +59,9 @@ func (o *Orchestrator) startSession(ctx context.Context, sb pool.Sandbox) *sessi
 	return o.startSessionWith(ctx, sb, nil)
 }
 
-// startSessionWith is startSession for a restored sandbox whose agent state starts as doc.
-func (o *Orchestrator) startSessionWith(ctx context.Context, sb pool.Sandbox, doc json.RawMessage) *session {
+// startSessionWith is startSession for a restored sandbox, whose session starts from seed
+// (agent state, first checkpoint ID, inherited history).
+func (o *Orchestrator) startSessionWith(ctx context.Context, sb pool.Sandbox, seed *sessionSeed) *session {
 	s := &session{id: sb.ID, sb: sb, dir: o.sessionDir(sb.ID), rec: records{dir: o.sessionDir(sb.ID)},
 		frz: pool.NewFreezer(sb.Layout.Cgroup), ready: make(chan struct{})}
 	o.mu.Lock()
@@ -66,14 +70,14 @@ func (o *Orchestrator) startSessionWith(ctx context.Context, sb pool.Sandbox, do
 	go func() {
 		defer close(s.ready)
 		ctx := log.With(context.WithoutCancel(ctx), "sandbox", sb.ID)
-		if s.openErr = o.openSession(ctx, s, doc); s.openErr != nil {
+		if s.openErr = o.openSession(ctx, s, seed); s.openErr != nil {
 			log.L(ctx).Error("open sandbox session", "error", s.openErr)
 		}
 	}()
 	return s
 }
 
-func (o *Orchestrator) openSession(ctx context.Context, s *session, doc json.RawMessage) error {
+func (o *Orchestrator) openSession(ctx context.Context, s *session, seed *sessionSeed) error {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("create session dir: %w", err)
 	}
@@ -97,11 +101,21 @@ func (o *Orchestrator) openSession(ctx context.Context, s *session, doc json.Raw
 		}
 		o.expectEffects(ctx, s.id, l.EffectsWatermark)
 	}
+	if err := s.loadInherited(); err != nil {
+		return err
+	}
 	if len(s.ckpts) == 0 {
-		if err := s.seedState(ctx, doc); err != nil {
+		if err := s.seedState(ctx, seed.doc()); err != nil {
 			return err
 		}
-		if _, err := o.checkpoint(ctx, s, api.CheckpointRequest{Level: api.LevelL1, Message: "lease"}); err != nil {
+		msg := "lease"
+		if seed != nil {
+			if err := s.applySeed(seed); err != nil {
+				return err
+			}
+			msg = seed.message
+		}
+		if _, err := o.checkpoint(ctx, s, api.CheckpointRequest{Level: api.LevelL1, Message: msg}); err != nil {
 			return err
 		}
 		if err := s.saveBaseState(); err != nil {

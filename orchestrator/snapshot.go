@@ -130,7 +130,8 @@ func (o *Orchestrator) snapshotConfig(ctx context.Context, s *session, rec ckptR
 	}
 	return snapshotConfig{Format: snapshotFormat, Sandbox: s.id, Checkpoint: rec.ID, Created: time.Now().UTC(),
 		Template: t, Image: t.Image, ImageDigest: img.Target().Digest.String(), StateSeq: rec.StateSeq,
-		Lease: snapshotLease{Env: s.sb.Env, Labels: s.sb.Labels, EgressPolicy: s.sb.EgressPolicy}}, nil
+		Lease:   snapshotLease{Env: s.sb.Env, Labels: s.sb.Labels, EgressPolicy: s.sb.EgressPolicy},
+		History: s.snapshotHistory(rec.ID)}, nil
 }
 
 func removeBlobs(bs []blob) {

@@ -22,7 +22,7 @@ func (o *Orchestrator) snapshotRoutes(mux *http.ServeMux) {
 		if err := decode(r, &req); err != nil {
 			return api.StreamEvent{}, err
 		}
-		leases, err := o.Fork(r.Context(), r.PathValue("id"), req.To, req.Count, emit)
+		leases, err := o.Fork(r.Context(), r.PathValue("id"), req, emit)
 		return api.StreamEvent{Leases: leases}, err
 	}))
 	mux.HandleFunc("POST /v1/restore", o.stream(func(r *http.Request, emit Emit) (api.StreamEvent, error) {

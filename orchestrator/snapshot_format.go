@@ -21,6 +21,7 @@ import (
 	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/objectstore"
+	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/orchestrator/snapsign"
 	"github.com/deltabox/deltabox/pool"
 )
@@ -52,6 +53,10 @@ type snapshotConfig struct {
 	CRIU        criu.Meta     `json:"criu"`
 	StateSeq    uint64        `json:"state_seq"`
 	Lease       snapshotLease `json:"lease"`
+	// History is the source's checkpoints up to and including Checkpoint (those it inherited
+	// from its own snapshot first); a restored sandbox lists them, its first checkpoint
+	// taking Checkpoint's ID.
+	History []api.Checkpoint `json:"history,omitempty"`
 }
 
 // snapshotLease is what the snapshot's sandbox was leased with; a restore keeps it (the

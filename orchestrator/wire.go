@@ -35,7 +35,7 @@ func apiPoolInfos(ps []pool.PoolInfo) []api.PoolInfo {
 func apiSandbox(s pool.Sandbox) api.Sandbox {
 	return api.Sandbox{ID: s.ID, Pool: s.Pool, Container: s.Container, Image: s.Image, Env: s.Env, Labels: s.Labels,
 		Workdir: s.Workdir, LeasedAt: s.LeasedAt, Created: s.Created, InitPid: s.InitPid, IP: s.IP, EgressPolicy: s.EgressPolicy,
-		State: s.State, Reason: s.Reason}
+		RestoredFrom: s.RestoredFrom, ForkedFrom: s.ForkedFrom, State: s.State, Reason: s.Reason}
 }
 
 func apiSandboxes(sbs []pool.Sandbox) []api.Sandbox {

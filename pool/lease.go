@@ -21,6 +21,8 @@ type LeaseRequest struct {
 	Env          []string
 	Labels       map[string]string
 	EgressPolicy string // overrides the template's (YAML); validated by the caller
+	RestoredFrom string // the snapshot a restored sandbox came from (recorded, shown)
+	ForkedFrom   string // the sandbox and checkpoint a fork came from (recorded, shown)
 }
 
 // Sandbox is the public view of a leased sandbox.
@@ -38,6 +40,8 @@ type Sandbox struct {
 	IP        string            `json:"ip,omitempty"`
 	// EgressPolicy is the lease's egress policy, or the template's.
 	EgressPolicy string `json:"egress_policy,omitempty"`
+	RestoredFrom string `json:"restored_from,omitempty"` // see LeaseRequest
+	ForkedFrom   string `json:"forked_from,omitempty"`
 	// State is "leased" (Quarantined lists the others, with their Reason).
 	State  string `json:"state,omitempty"`
 	Reason string `json:"reason,omitempty"`
@@ -110,7 +114,7 @@ func (m *Manager) lease(ctx context.Context, poolName string, req LeaseRequest, 
 		}
 	}
 	lease := &Lease{ID: newID("sb-"), Env: req.Env, Labels: maps.Clone(req.Labels), LeasedAt: time.Now().UTC(),
-		EgressPolicy: req.EgressPolicy}
+		EgressPolicy: req.EgressPolicy, RestoredFrom: req.RestoredFrom, ForkedFrom: req.ForkedFrom}
 	rec := sb.rec
 	rec.Lease = lease
 	if err := m.st.put(bucketContainers, rec.CID, rec); err != nil {
@@ -252,6 +256,7 @@ func (m *Manager) view(p *pool, sb *sandbox) Sandbox {
 	}
 	if l := sb.rec.Lease; l != nil {
 		v.ID, v.Env, v.Labels, v.LeasedAt, v.EgressPolicy = l.ID, l.Env, l.Labels, l.LeasedAt, l.EgressPolicy
+		v.RestoredFrom, v.ForkedFrom = l.RestoredFrom, l.ForkedFrom
 	}
 	if p != nil {
 		v.Image, v.Workdir = p.t.Image, p.t.Workdir

@@ -25,6 +25,9 @@ type Lease struct {
 	LeasedAt time.Time         `json:"leased_at"`
 	// EgressPolicy overrides the template's egress policy for this lease (YAML).
 	EgressPolicy string `json:"egress_policy,omitempty"`
+	// RestoredFrom and ForkedFrom record where a restored sandbox came from (opaque to the pool).
+	RestoredFrom string `json:"restored_from,omitempty"`
+	ForkedFrom   string `json:"forked_from,omitempty"`
 }
 
 // record is what survives a daemon restart about one sandbox container.

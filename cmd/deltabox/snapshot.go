@@ -42,6 +42,7 @@ func forkCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "count", Value: 2, Usage: "number of forks"},
 			&cli.StringFlag{Name: "to", Usage: "object store URI for the snapshot (default: the daemon's)"},
+			&cli.BoolFlag{Name: "keep-snapshot", Usage: "keep the snapshot the fork pushes (default: removed once the forks are restored)"},
 		},
 		Action: runFork,
 	}
@@ -139,7 +140,8 @@ func runFork(c *cli.Context) error {
 	if err := exactArgs(c, 1, "ID"); err != nil {
 		return err
 	}
-	leases, err := newClient(c).Fork(c.Context, c.Args().First(), c.String("to"), c.Int("count"), progressPrinter(c))
+	req := api.SnapshotRequest{To: c.String("to"), Count: c.Int("count"), KeepSnapshot: c.Bool("keep-snapshot")}
+	leases, err := newClient(c).ForkWith(c.Context, c.Args().First(), req, progressPrinter(c))
 	if err != nil {
 		return err
 	}

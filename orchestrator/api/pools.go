@@ -40,6 +40,10 @@ type Sandbox struct {
 	IP        string            `json:"ip,omitempty"`
 	// EgressPolicy is the lease's egress policy, or the template's.
 	EgressPolicy string `json:"egress_policy,omitempty"`
+	// RestoredFrom is the snapshot URI a restored sandbox came from; ForkedFrom is
+	// "SANDBOX@CHECKPOINT" for a fork. Empty for a plain lease.
+	RestoredFrom string `json:"restored_from,omitempty"`
+	ForkedFrom   string `json:"forked_from,omitempty"`
 	// State is "leased", or "quarantined" for a sandbox kept at start because its record
 	// could not be trusted (Reason says why): it is not usable until adopted.
 	State  string `json:"state,omitempty"`

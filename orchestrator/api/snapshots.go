@@ -7,6 +7,9 @@ import "time"
 type SnapshotRequest struct {
 	To    string `json:"to,omitempty"`    // object store URI; default: the daemon's store
 	Count int    `json:"count,omitempty"` // fork only: restores to make
+	// KeepSnapshot (fork only) keeps the snapshot the fork pushed; by default it is removed
+	// once the forks are restored.
+	KeepSnapshot bool `json:"keep_snapshot,omitempty"`
 }
 
 // RestoreRequest is the body of POST /v1/restore.

@@ -133,7 +133,12 @@ func (c *Client) SnapshotPush(ctx context.Context, id, to string, onProgress fun
 
 // Fork snapshots a sandbox once and restores it count times.
 func (c *Client) Fork(ctx context.Context, id, to string, count int, onProgress func(api.Progress)) ([]api.Lease, error) {
-	ev, err := c.stream(ctx, sandboxPath(id, "/fork"), api.SnapshotRequest{To: to, Count: count}, onProgress)
+	return c.ForkWith(ctx, id, api.SnapshotRequest{To: to, Count: count}, onProgress)
+}
+
+// ForkWith is Fork with every option of the request (KeepSnapshot).
+func (c *Client) ForkWith(ctx context.Context, id string, req api.SnapshotRequest, onProgress func(api.Progress)) ([]api.Lease, error) {
+	ev, err := c.stream(ctx, sandboxPath(id, "/fork"), req, onProgress)
 	return ev.Leases, err
 }
 
