@@ -3,10 +3,12 @@
 // Package main is deltabox-init, PID 1 of every DeltaBox sandbox. It is a static binary
 // (CGO_ENABLED=0) bind-mounted read-only at /.deltabox/init; it reaps zombies and serves the
 // pool/initproto protocol on a unix socket in the per-sandbox run directory. As PID 1 it
-// drops every signal the sandbox can send it and cannot be ptraced (initd.Harden); the host
-// stops it with SIGKILL. Outside a pid namespace (tests) SIGTERM/SIGINT kill every other
-// process of the sandbox and stop it. It must stay tiny and dependency-light (x/sys only):
-// all logic lives in pool/initd.
+// drops every signal the sandbox can send it but initproto.UnparkSignal, and cannot be
+// ptraced (initd.Harden); the host stops it with SIGKILL. The host parks its listener
+// (initproto.OpPark) around CRIU dumps and unparks it with UnparkSignal, which from the
+// sandbox can only make a parked init listen again. Outside a pid namespace (tests)
+// SIGTERM/SIGINT kill every other process of the sandbox and stop it. It must stay tiny and
+// dependency-light (x/sys only): all logic lives in pool/initd.
 package main
 
 import (
@@ -38,7 +40,9 @@ func main() {
 	if os.Getpid() == 1 {
 		stopSignals = nil // in a sandbox only the host stops the init, with SIGKILL
 	}
-	if err := initd.Harden(stopSignals...); err != nil {
+	// the host unparks the listener (initproto.UnparkSignal) after a dump; from the sandbox
+	// that signal only makes a parked init listen again
+	if err := initd.Harden(append(stopSignals, initproto.UnparkSignal)...); err != nil {
 		logger.Error("harden init", "error", err)
 		os.Exit(1)
 	}
@@ -54,7 +58,10 @@ func run(socket string, killTimeout time.Duration, stopSignals []os.Signal, logg
 		ctx, stop = signal.NotifyContext(ctx, stopSignals...)
 	}
 	defer stop()
-	srv := initd.New(initd.WithVersion(version), initd.WithKillTimeout(killTimeout), initd.WithLogger(logger))
+	unpark := make(chan os.Signal, 4)
+	signal.Notify(unpark, initproto.UnparkSignal)
+	srv := initd.New(initd.WithVersion(version), initd.WithKillTimeout(killTimeout), initd.WithLogger(logger),
+		initd.WithUnpark(unpark))
 	l, err := initd.Listen(socket)
 	if err != nil {
 		return err

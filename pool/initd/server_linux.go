@@ -43,6 +43,9 @@ type Server struct {
 	reaper    *reaper
 	devNull   *os.File
 
+	parkReq chan struct{}  // OpPark requests for the serve loop
+	unpark  chan os.Signal // initproto.UnparkSignal (WithUnpark); nil: a parked init stays parked
+
 	handlers sync.WaitGroup
 
 	mu    sync.Mutex
@@ -68,6 +71,10 @@ func WithKillTimeout(d time.Duration) Option { return func(s *Server) { s.killTi
 // held open by background processes (default 100ms). Later output is dropped.
 func WithDrainGrace(d time.Duration) Option { return func(s *Server) { s.drainGrace = d } }
 
+// WithUnpark makes a parked Serve listen again when a signal arrives on sig (signal.Notify
+// initproto.UnparkSignal there).
+func WithUnpark(sig chan os.Signal) Option { return func(s *Server) { s.unpark = sig } }
+
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 
@@ -84,6 +91,7 @@ func New(opts ...Option) *Server {
 		pid:         os.Getpid(),
 		reaper:      newReaper(),
 		execs:       make(map[int]*process),
+		parkReq:     make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(s)
@@ -110,8 +118,10 @@ func Listen(path string) (*net.UnixListener, error) {
 }
 
 // Serve makes the process a child subreaper unless it is PID 1, starts the reaper and
-// serves connections on l until ctx ends. Then it closes l, kills every other process of
-// the sandbox (see KillAll), lets the running execs send their exit frames and returns.
+// serves connections on l until ctx ends. A park request (initproto.OpPark) closes l; an
+// unpark signal (WithUnpark) listens on the same path again. When ctx
+// ends it closes the listener, kills every other process of the sandbox (see KillAll), lets
+// the running execs send their exit frames and returns.
 func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	if err := s.setup(); err != nil {
 		return err
@@ -119,22 +129,75 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	rctx, stopReaper := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopReaper()
 	go s.reaper.run(rctx)
-	err := s.accept(ctx, l)
+	err := s.serve(ctx, l)
 	return errors.Join(err, s.shutdown())
 }
 
-// accept serves connections until ctx ends.
+// serve alternates between listening (accepting on l) and parked (no listener) until ctx
+// ends.
+func (s *Server) serve(ctx context.Context, l *net.UnixListener) error {
+	path := l.Addr().String()
+	for {
+		if err := s.listening(ctx, l); err != nil || ctx.Err() != nil {
+			return err
+		}
+		s.log.Info("listener parked", "socket", path)
+		if l = s.parked(ctx, path); l == nil {
+			return nil
+		}
+		s.log.Info("listener unparked", "socket", path)
+	}
+}
+
+// listening accepts on l until ctx ends or a park request arrives, then closes l and returns
+// once nothing uses it any more (nil), or returns the error that stopped accepting.
+func (s *Server) listening(ctx context.Context, l *net.UnixListener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.accept(ctx, l) }()
+	for {
+		select {
+		case err := <-errc: // only this loop closes l: accepting stopped by itself
+			l.Close()
+			if err == nil {
+				err = errors.New("accept: listener closed")
+			}
+			return err
+		case <-ctx.Done():
+			l.Close()
+			return <-errc
+		case <-s.parkReq:
+			l.Close()
+			return <-errc
+		case <-s.unpark: // already listening: drop it, or the next park would end at once
+		}
+	}
+}
+
+// parked waits for an unpark signal and listens again on path; it returns nil when ctx ends
+// first. A failed listen is logged and leaves the init parked until the next unpark.
+func (s *Server) parked(ctx context.Context, path string) *net.UnixListener {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.unpark:
+			l, err := Listen(path)
+			if err == nil {
+				return l
+			}
+			s.log.Error("unpark: listen again", "error", err)
+		}
+	}
+}
+
+// accept serves connections until l is closed (nil); the handlers run under ctx. It retries
+// failed accepts (EMFILE and the like) after a pause.
 func (s *Server) accept(ctx context.Context, l *net.UnixListener) error {
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
 	for {
 		conn, err := l.AcceptUnix()
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
 			if errors.Is(err, net.ErrClosed) {
-				return fmt.Errorf("accept: %w", err)
+				return nil
 			}
 			s.log.Warn("accept failed", "error", err)
 			time.Sleep(10 * time.Millisecond)
@@ -202,6 +265,12 @@ func (s *Server) handle(ctx context.Context, conn *net.UnixConn) {
 		_ = fw.Final(initproto.FrameResult, initproto.ProcsResponse{Procs: s.procs()})
 	case initproto.OpKill:
 		s.handleKill(ctx, fw, req.Kill)
+	case initproto.OpPark:
+		_ = fw.Final(initproto.FrameResult, struct{}{})
+		select {
+		case s.parkReq <- struct{}{}:
+		default: // a park is already pending
+		}
 	case initproto.OpExec:
 		s.handleExec(ctx, session{conn: conn, br: br, fw: fw}, req.Exec)
 	default:

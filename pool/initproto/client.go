@@ -90,6 +90,16 @@ func (c *Client) Kill(ctx context.Context, req KillRequest) (KillResponse, error
 	return resp, nil
 }
 
+// Park makes the init close its listener once it answered (see UnparkSignal): until it is
+// unparked nobody can connect to it, this client included.
+func (c *Client) Park(ctx context.Context) error {
+	var resp struct{}
+	if err := c.call(ctx, Request{Op: OpPark}, &resp); err != nil {
+		return fmt.Errorf("park init: %w", err)
+	}
+	return nil
+}
+
 // WaitReady pings every interval until the init answers or ctx ends.
 func (c *Client) WaitReady(ctx context.Context, interval time.Duration) (PingResponse, error) {
 	for {

@@ -1,12 +1,25 @@
 package initproto
 
-import "time"
+import (
+	"syscall"
+	"time"
+)
 
 // Version is the protocol version spoken by this package; it travels in Request.Version.
 const Version = 1
 
 // DefaultSocketPath is where the init listens inside the container.
 const DefaultSocketPath = "/.deltabox/run/init.sock"
+
+// UnparkSignal makes a parked init listen again. Parked (OpPark), the init closes its
+// listening socket (removing the socket file) and keeps running, reaping and supervising the
+// execs it already has; the host parks it around a CRIU dump: CRIU 4.1.1 cannot restore a
+// path-bound unix socket in a process that also forks CRIU's session or group helpers
+// (needed as soon as a daemonized process is reparented to the init), so a dumped init must
+// not hold its listener. A restored init is still parked and must be unparked, and so must
+// the dumped one. The signal is idempotent: a listening init, or one that predates parking,
+// ignores it (Go's runtime drops signals a program did not ask for).
+const UnparkSignal = syscall.SIGUSR2
 
 // TagEnv is the environment variable the init sets in every exec that has a tag, so that
 // kill-by-tag also finds descendants that left the exec's process group (setsid'd daemons).
@@ -28,6 +41,7 @@ const (
 	OpProcs Op = "procs"
 	OpKill  Op = "kill"
 	OpExec  Op = "exec"
+	OpPark  Op = "park" // answer, then close the listener until UnparkSignal
 )
 
 // Request is the JSON line a client sends first on every connection.
