@@ -78,8 +78,8 @@ type DumpResult struct {
 // empty) and leaves the task running. If the task is paused (cgroup frozen) when Dump is
 // called it stays paused, so a caller can freeze, dump, capture the rootfs and thaw; otherwise
 // containerd pauses it for the dump and resumes it after. dir also receives CRIU's dump.log,
-// stats-dump and MetaFile. A process with inotify watches on overlayfs yields
-// ErrFailedPrecondition (see ErrInotifyOverlay).
+// stats-dump and MetaFile. Shapes CRIU would dump but not restore, or fail to dump obscurely,
+// are refused first with ErrFailedPrecondition naming the process (see Precheck).
 func (c *Checkpointer) Dump(ctx context.Context, id, dir string) (DumpResult, error) {
 	var res DumpResult
 	if err := prepareImagesDir(dir); err != nil {
@@ -94,6 +94,9 @@ func (c *Checkpointer) Dump(ctx context.Context, id, dir string) (DumpResult, er
 		return res, err
 	}
 	start := time.Now()
+	if err := Precheck(int(task.Pid()), c.Status(ctx)); err != nil {
+		return res, fmt.Errorf("dump container %s: %w", id, err)
+	}
 	_, err = task.Checkpoint(ctx, containerd.WithCheckpointImagePath(dir), withCheckpointWorkPath(dir))
 	res.Duration = time.Since(start)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/overlay"
 	"github.com/deltabox/deltabox/pool"
+	"github.com/deltabox/deltabox/pool/initproto"
 )
 
 // stateFile is the agent state document saved next to an L3 checkpoint's CRIU images.
@@ -45,8 +46,14 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 	if err := os.RemoveAll(dir); err != nil {
 		return 0, nil, err
 	}
-	// containerd's checkpoint expects a task it paused itself (runc pause), not a cgroup frozen
-	// behind its back; the resume runs even if the request is cancelled.
+	// The init parks its listener for the dump (see initproto.ParkSignal) and is unparked
+	// after the resume; then containerd's checkpoint expects a task it paused itself (runc
+	// pause), not a cgroup frozen behind its back. Both undo steps run even if the request is
+	// cancelled.
+	if err := parkInit(ctx, s.sb); err != nil {
+		return 0, nil, err
+	}
+	defer unparkInit(ctx, s.sb)
 	if err := o.pools.Pause(ctx, s.id); err != nil {
 		return 0, nil, fmt.Errorf("pause %s: %w", s.id, err)
 	}
@@ -82,6 +89,68 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 	log.L(ctx).Info("processes dumped", "sandbox", s.id, "checkpoint", rec.ID, "dump_ms", ms(dump.Duration),
 		"criu_frozen_ms", ms(dump.Stats.Frozen), "bytes", dump.Size)
 	return time.Since(frozenAt), pending, nil
+}
+
+// initParkTimeout bounds the wait for the init to close or reopen its listener.
+const initParkTimeout = 2 * time.Second
+
+// parkInit makes the sandbox's init close its listener and waits until the init holds no
+// path-bound unix socket: a dumped init that still had it could not be restored by CRIU 4.1.1
+// as soon as a daemonized process (a session whose leader exited) is reparented to it. An
+// init that does not park (one older than parking) is dumped as it is after the timeout;
+// the dump's pre-check refuses the tree if that socket would break the restore.
+func parkInit(ctx context.Context, sb pool.Sandbox) error {
+	pid := int(sb.InitPid)
+	if err := syscall.Kill(pid, initproto.ParkSignal); err != nil {
+		return fmt.Errorf("park the init of %s: %w", sb.ID, err)
+	}
+	deadline := time.Now().Add(initParkTimeout)
+	for {
+		socks, err := criu.BoundUnixSockets(pid)
+		if err != nil {
+			unparkInit(ctx, sb)
+			return fmt.Errorf("park the init of %s: %w", sb.ID, err)
+		}
+		if len(socks) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			log.L(ctx).Warn("sandbox init did not park its listener; dumping it listening", "sandbox", sb.ID, "sockets", socks)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			unparkInit(ctx, sb)
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// unparkInit makes a (parked or restored) init listen again and waits until it answers.
+func unparkInit(ctx context.Context, sb pool.Sandbox) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), initParkTimeout)
+	defer cancel()
+	if err := syscall.Kill(int(sb.InitPid), initproto.UnparkSignal); err != nil {
+		log.L(ctx).Error("unpark sandbox init", "sandbox", sb.ID, "error", err)
+		return
+	}
+	if _, err := initproto.New(filepath.Join(sb.RunDir, "init.sock")).WaitReady(ctx, time.Millisecond); err != nil {
+		log.L(ctx).Error("unparked sandbox init does not answer", "sandbox", sb.ID, "error", err)
+	}
+}
+
+// restoreL3 restores a task from CRIU images and unparks its init, which was parked when
+// the images were dumped; the pool then waits for the init to answer.
+func (o *Orchestrator) restoreL3(ctx context.Context, cid, images string, ioc cio.Creator) (containerd.Task, error) {
+	t, err := o.l3.Restore(ctx, cid, images, ioc)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.Kill(ctx, initproto.UnparkSignal); err != nil { // the pool's wait for the init reports it
+		log.L(ctx).Error("unpark the restored init", "container", cid, "error", err)
+	}
+	return t, nil
 }
 
 // removeImages deletes an L3 checkpoint's CRIU images.

@@ -413,5 +413,5 @@ func (o *Orchestrator) forkInto(sb pool.Sandbox, ckpt string) (restoreTarget, er
 func (o *Orchestrator) restoreWithTimeout(ctx context.Context, cid, images string, ioc cio.Creator) (containerd.Task, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.opts.Snapshots.RestoreTimeout)
 	defer cancel()
-	return o.l3.Restore(ctx, cid, images, ioc)
+	return o.restoreL3(ctx, cid, images, ioc)
 }

@@ -1,0 +1,308 @@
+//go:build linux
+
+package criu
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/errdefs"
+)
+
+// ErrHelperWithUnixSocket is wrapped (with errdefs.ErrFailedPrecondition) into the error of a
+// dump refused because CRIU could dump the processes but not restore them: a process holds a
+// unix socket bound to a path while CRIU would have to fork a helper task from it (to
+// recreate the session or process group of a process whose leader has exited, as every
+// double-forked daemon has). CRIU before 4.2 forks such helpers sharing the parent's
+// filesystem context, and the parent then cannot enter the mount namespace to bind the
+// socket: the restore fails with "Can't setns .../mnt: Invalid argument".
+var ErrHelperWithUnixSocket = errors.New("a process that CRIU must fork a session/group helper from holds a path-bound unix socket, which CRIU < 4.2 cannot restore")
+
+// helperFixVersion is the first CRIU that forks helpers without CLONE_FS (criu#2687).
+const helperFixVersion = 40200
+
+// inotifyFixVersion is the first CRIU assumed to dump inotify watches on overlayfs; none
+// released so far does.
+const inotifyFixVersion = 40300
+
+// proc is what the pre-dump check reads of one process of a dumped tree.
+type proc struct {
+	pid, ppid, pgid, sid int
+	comm                 string
+}
+
+func (p proc) String() string { return fmt.Sprintf("process %d (%s)", p.pid, p.comm) }
+
+// Precheck inspects the process tree rooted at host pid root (the task's init) through /proc
+// and refuses, with errdefs.ErrFailedPrecondition and a reason naming the process, shapes that
+// the CRIU of st would dump but not restore, or fail to dump with an obscure error:
+//   - inotify watches on overlayfs (ErrInotifyOverlay);
+//   - a path-bound unix socket in a process CRIU forks a session or group helper from
+//     (ErrHelperWithUnixSocket).
+//
+// The tree must not change while it runs: call it on a paused task.
+func Precheck(root int, st Status) error {
+	tree, err := readTree(root)
+	if err != nil {
+		return fmt.Errorf("pre-dump check: %w", err)
+	}
+	if st.Version < inotifyFixVersion {
+		for _, p := range tree {
+			if err := checkInotify(p); err != nil {
+				return err
+			}
+		}
+	}
+	if st.Version < helperFixVersion {
+		return checkHelpers(tree)
+	}
+	return nil
+}
+
+// readTree returns root and its descendants, parents first, from /proc/<pid>/task/*/children.
+func readTree(root int) ([]proc, error) {
+	var out []proc
+	queue := []int{root}
+	seen := map[int]bool{}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		if seen[pid] {
+			continue
+		}
+		seen[pid] = true
+		p, err := readProc(pid)
+		if errors.Is(err, os.ErrNotExist) && pid != root {
+			continue // exited: the task was not paused
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+		kids, err := children(pid)
+		if errors.Is(err, os.ErrNotExist) && pid != root {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		queue = append(queue, kids...)
+	}
+	return out, nil
+}
+
+// readProc parses /proc/<pid>/stat; comm may hold spaces and parentheses.
+func readProc(pid int) (proc, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return proc{}, err
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return proc{}, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	f := strings.Fields(s[end+1:]) // state ppid pgrp session ...
+	if len(f) < 4 {
+		return proc{}, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	p := proc{pid: pid, comm: s[open+1 : end]}
+	p.ppid, _ = strconv.Atoi(f[1])
+	p.pgid, _ = strconv.Atoi(f[2])
+	p.sid, _ = strconv.Atoi(f[3])
+	return p, nil
+}
+
+func children(pid int) ([]int, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue // the thread exited
+			}
+			return nil, err
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out, nil
+}
+
+// checkHelpers finds the processes CRIU 4.1.1 forks helpers from (prepare_pstree_ids): the
+// session leader, or the root when it is gone, for each child of the root in another session
+// that it does not lead; and each process whose process group leader is gone. It refuses if
+// one of them holds a path-bound unix socket.
+func checkHelpers(tree []proc) error {
+	if len(tree) == 0 {
+		return nil
+	}
+	root := tree[0]
+	byPid := make(map[int]proc, len(tree))
+	for _, p := range tree {
+		byPid[p.pid] = p
+	}
+	check := func(parent proc, why string) error {
+		socks, err := BoundUnixSockets(parent.pid)
+		if err != nil || len(socks) == 0 {
+			return err
+		}
+		return fmt.Errorf("%s holds the unix socket bound at %s, and CRIU must fork a helper from it to restore %s: %w (checkpoint-restore/criu#2687; close or abstract the socket, or keep the daemon's session leader alive): %w",
+			parent, socks[0], why, ErrHelperWithUnixSocket, errdefs.ErrFailedPrecondition)
+	}
+	for _, p := range tree[1:] {
+		if p.ppid == root.pid && p.sid != root.sid && p.sid != p.pid {
+			parent, ok := byPid[p.sid]
+			if !ok {
+				parent = root
+			}
+			if err := check(parent, fmt.Sprintf("the session %d of %s, whose leader has exited", p.sid, p)); err != nil {
+				return err
+			}
+		}
+		if _, ok := byPid[p.pgid]; !ok && p.pgid != p.pid {
+			if err := check(p, fmt.Sprintf("its process group %d, whose leader has exited", p.pgid)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// BoundUnixSockets returns the paths of the unix sockets bound to a filesystem path (not
+// abstract, not unnamed) that host process pid has open.
+func BoundUnixSockets(pid int) ([]string, error) {
+	inodes, err := socketInodes(pid)
+	if err != nil || len(inodes) == 0 {
+		return nil, err
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/net/unix", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// Num RefCount Protocol Flags Type St Inode Path
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 8 || !strings.HasPrefix(fields[7], "/") {
+			continue
+		}
+		if inodes[fields[6]] {
+			out = append(out, fields[7])
+		}
+	}
+	return out, sc.Err()
+}
+
+// socketInodes returns the inodes of the sockets pid has open, as decimal strings.
+func socketInodes(pid int) (map[string]bool, error) {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, e := range ents {
+		link, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		if ino, ok := strings.CutPrefix(link, "socket:["); ok {
+			out[strings.TrimSuffix(ino, "]")] = true
+		}
+	}
+	return out, nil
+}
+
+// checkInotify refuses a process with inotify watches on an overlayfs mount.
+func checkInotify(p proc) error {
+	dir := fmt.Sprintf("/proc/%d/fd", p.pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("pre-dump check: %w", err)
+	}
+	var overlays map[uint64]string
+	for _, e := range ents {
+		if link, err := os.Readlink(filepath.Join(dir, e.Name())); err != nil || link != "anon_inode:inotify" {
+			continue
+		}
+		if overlays == nil {
+			if overlays, err = overlayDevs(p.pid); err != nil {
+				return fmt.Errorf("pre-dump check: %w", err)
+			}
+		}
+		devs, err := inotifyDevs(p.pid, e.Name())
+		if err != nil {
+			return fmt.Errorf("pre-dump check: %w", err)
+		}
+		for _, d := range devs {
+			if mnt, ok := overlays[d]; ok {
+				return fmt.Errorf("%s watches files on the overlayfs mount %s with inotify (fd %s): %w; stop the watcher or take an L1/L2 checkpoint: %w",
+					p, mnt, e.Name(), ErrInotifyOverlay, errdefs.ErrFailedPrecondition)
+			}
+		}
+	}
+	return nil
+}
+
+// inotifyDevs returns the devices (kernel encoding: major<<20 | minor) of the inodes an
+// inotify descriptor watches, from the "inotify wd:.. ino:.. sdev:.." lines of its fdinfo.
+func inotifyDevs(pid int, fd string) ([]uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd))
+	if err != nil {
+		return nil, err
+	}
+	var out []uint64
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "inotify ") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "sdev:"); ok {
+				if d, err := strconv.ParseUint(v, 16, 64); err == nil {
+					out = append(out, d)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// overlayDevs maps the devices of pid's overlayfs mounts (kernel encoding) to their mount
+// points, from /proc/<pid>/mountinfo.
+func overlayDevs(pid int) (map[uint64]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint64]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		// id parent major:minor root mountpoint options... - fstype source superopts
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 1 || g[0] != "overlay" {
+			continue
+		}
+		maj, min, ok := strings.Cut(f[2], ":")
+		ma, err1 := strconv.ParseUint(maj, 10, 32)
+		mi, err2 := strconv.ParseUint(min, 10, 32)
+		if ok && err1 == nil && err2 == nil {
+			out[ma<<20|mi] = f[4]
+		}
+	}
+	return out, nil
+}
