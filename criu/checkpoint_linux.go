@@ -94,13 +94,18 @@ func (c *Checkpointer) Dump(ctx context.Context, id, dir string) (DumpResult, er
 		return res, err
 	}
 	start := time.Now()
-	if err := Precheck(int(task.Pid()), c.Status(ctx)); err != nil {
+	pre, err := Precheck(int(task.Pid()), c.Status(ctx))
+	if err != nil {
 		return res, fmt.Errorf("dump container %s: %w", id, err)
 	}
+	meta.LoopbackTCPOnly = pre.LoopbackTCPOnly
 	_, err = task.Checkpoint(ctx, containerd.WithCheckpointImagePath(dir), withCheckpointWorkPath(dir))
 	res.Duration = time.Since(start)
 	if err != nil {
 		return res, dumpError(id, dir, err)
+	}
+	if err := rearmExpiredTimers(dir); err != nil {
+		return res, fmt.Errorf("dump container %s: %w", id, err)
 	}
 	if err := WriteMeta(dir, meta); err != nil {
 		return res, err

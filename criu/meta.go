@@ -33,6 +33,18 @@ type Meta struct {
 	// directories). Restores bound Unpack by them (WithLimits).
 	UnpackedBytes int64 `json:"unpackedBytes,omitempty"`
 	Entries       int   `json:"entries,omitempty"`
+	// LoopbackTCPOnly: every TCP connection of the dumped processes ran over loopback (or
+	// there were none), so a restore under a new identity can keep them established. Images
+	// without it (older ones) are restored with tcp-close.
+	LoopbackTCPOnly bool `json:"loopbackTCPOnly,omitempty"`
+}
+
+// NewIdentityOptions are the CRIU options for restoring images described by m under a new
+// identity (another container, node or IP address): established TCP connections are kept
+// when all of them ran over loopback inside the sandbox, and closed otherwise (a peer
+// outside cannot follow the sandbox to its new address). File locks are restored.
+func NewIdentityOptions(m Meta) Options {
+	return Options{TCPEstablished: m.LoopbackTCPOnly, TCPClose: !m.LoopbackTCPOnly, FileLocks: true}
 }
 
 // LocalMeta describes images dumped now on this host by the CRIU that st describes.

@@ -32,68 +32,95 @@ const inotifyFixVersion = 40300
 
 // proc is what the pre-dump check reads of one process of a dumped tree.
 type proc struct {
-	pid, ppid, pgid, sid int
-	comm                 string
+	pid, ppid, pgid, sid int    // host view
+	nspid                int    // the pid inside the sandbox's PID namespace
+	comm                 string // the process name
 }
 
-func (p proc) String() string { return fmt.Sprintf("process %d (%s)", p.pid, p.comm) }
+func (p proc) String() string {
+	return fmt.Sprintf("process %d (%s, host pid %d)", p.nspid, p.comm, p.pid)
+}
 
 // Precheck inspects the process tree rooted at host pid root (the task's init) through /proc
 // and refuses, with errdefs.ErrFailedPrecondition and a reason naming the process, shapes that
 // the CRIU of st would dump but not restore, or fail to dump with an obscure error:
 //   - inotify watches on overlayfs (ErrInotifyOverlay);
 //   - a path-bound unix socket in a process CRIU forks a session or group helper from
-//     (ErrHelperWithUnixSocket).
+//     (ErrHelperWithUnixSocket);
+//   - TCP and UDP sockets where the kernel refuses SO_PASSCRED on them (ErrInetSockets).
 //
-// The tree must not change while it runs: call it on a paused task.
-func Precheck(root int, st Status) error {
+// It also reports what the restore needs to know (PrecheckResult). The tree must not change
+// while it runs: call it on a paused task.
+func Precheck(root int, st Status) (PrecheckResult, error) {
+	var res PrecheckResult
 	tree, err := readTree(root)
 	if err != nil {
-		return fmt.Errorf("pre-dump check: %w", err)
+		return res, fmt.Errorf("pre-dump check: %w", err)
 	}
 	if st.Version < inotifyFixVersion {
 		for _, p := range tree {
 			if err := checkInotify(p); err != nil {
-				return err
+				return res, err
 			}
 		}
 	}
 	if st.Version < helperFixVersion {
-		return checkHelpers(tree)
+		if err := checkHelpers(tree); err != nil {
+			return res, err
+		}
 	}
-	return nil
+	if !InetSocketsDumpable(st.Version) {
+		if err := checkInet(tree); err != nil {
+			return res, err
+		}
+	}
+	res.Processes = len(tree)
+	if res.LoopbackTCPOnly, err = loopbackTCPOnly(tree); err != nil {
+		return res, fmt.Errorf("pre-dump check: %w", err)
+	}
+	return res, nil
 }
 
-// readTree returns root and its descendants, parents first, from /proc/<pid>/task/*/children.
+// PrecheckResult is what Precheck learned about a tree it accepts.
+type PrecheckResult struct {
+	Processes       int
+	LoopbackTCPOnly bool // see Meta.LoopbackTCPOnly
+}
+
+// readTree returns root and its descendants in depth-first pre-order (CRIU's order), from
+// /proc/<pid>/task/*/children.
 func readTree(root int) ([]proc, error) {
 	var out []proc
-	queue := []int{root}
 	seen := map[int]bool{}
-	for len(queue) > 0 {
-		pid := queue[0]
-		queue = queue[1:]
+	var walk func(pid int) error
+	walk = func(pid int) error {
 		if seen[pid] {
-			continue
+			return nil
 		}
 		seen[pid] = true
 		p, err := readProc(pid)
 		if errors.Is(err, os.ErrNotExist) && pid != root {
-			continue // exited: the task was not paused
+			return nil // exited: the task was not paused
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		out = append(out, p)
 		kids, err := children(pid)
 		if errors.Is(err, os.ErrNotExist) && pid != root {
-			continue
+			return nil
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
-		queue = append(queue, kids...)
+		for _, k := range kids {
+			if err := walk(k); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	return out, nil
+	return out, walk(root)
 }
 
 // readProc parses /proc/<pid>/stat; comm may hold spaces and parentheses.
@@ -115,7 +142,27 @@ func readProc(pid int) (proc, error) {
 	p.ppid, _ = strconv.Atoi(f[1])
 	p.pgid, _ = strconv.Atoi(f[2])
 	p.sid, _ = strconv.Atoi(f[3])
+	p.nspid = nsPid(pid)
 	return p, nil
+}
+
+// nsPid returns the pid of host process pid in its innermost PID namespace (the last NSpid
+// of /proc/<pid>/status), or pid when unknown.
+func nsPid(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return pid
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			if f := strings.Fields(v); len(f) > 0 {
+				if n, err := strconv.Atoi(f[len(f)-1]); err == nil {
+					return n
+				}
+			}
+		}
+	}
+	return pid
 }
 
 func children(pid int) ([]int, error) {
@@ -141,10 +188,12 @@ func children(pid int) ([]int, error) {
 	return out, nil
 }
 
-// checkHelpers finds the processes CRIU 4.1.1 forks helpers from (prepare_pstree_ids): the
-// session leader, or the root when it is gone, for each child of the root in another session
-// that it does not lead; and each process whose process group leader is gone. It refuses if
-// one of them holds a path-bound unix socket.
+// checkHelpers finds the processes CRIU 4.1.1 forks helpers from (prepare_pstree_ids) and
+// refuses if one of them holds a path-bound unix socket:
+//   - for a child of the root in another session that it does not lead: the session leader,
+//     or the root when the leader is gone (that helper then also leads the session's group);
+//   - for a process group whose leader is gone and that no such session helper leads: the
+//     group's first process in CRIU's order.
 func checkHelpers(tree []proc) error {
 	if len(tree) == 0 {
 		return nil
@@ -159,23 +208,31 @@ func checkHelpers(tree []proc) error {
 		if err != nil || len(socks) == 0 {
 			return err
 		}
-		return fmt.Errorf("%s holds the unix socket bound at %s, and CRIU must fork a helper from it to restore %s: %w (checkpoint-restore/criu#2687; close or abstract the socket, or keep the daemon's session leader alive): %w",
+		return fmt.Errorf("%s holds the unix socket bound at %s, and CRIU must fork a helper from it to restore %s: %w (checkpoint-restore/criu#2687); start such a server in its own process group and session (setsid, or as an exec's own command rather than `cmd &` in a shell that exits), or use an abstract socket: %w",
 			parent, socks[0], why, ErrHelperWithUnixSocket, errdefs.ErrFailedPrecondition)
 	}
+	led := map[int]bool{} // groups led by a session helper or already given a group helper
 	for _, p := range tree[1:] {
-		if p.ppid == root.pid && p.sid != root.sid && p.sid != p.pid {
-			parent, ok := byPid[p.sid]
-			if !ok {
-				parent = root
-			}
-			if err := check(parent, fmt.Sprintf("the session %d of %s, whose leader has exited", p.sid, p)); err != nil {
-				return err
-			}
+		if p.ppid != root.pid || p.sid == root.sid || p.sid == p.pid {
+			continue
 		}
-		if _, ok := byPid[p.pgid]; !ok && p.pgid != p.pid {
-			if err := check(p, fmt.Sprintf("its process group %d, whose leader has exited", p.pgid)); err != nil {
-				return err
-			}
+		why := fmt.Sprintf("the session %d of %s, reparented away from its session leader", p.sid, p)
+		parent, ok := byPid[p.sid]
+		if !ok {
+			parent, why = root, fmt.Sprintf("the session %d of %s, whose leader has exited", p.sid, p)
+			led[p.sid] = true
+		}
+		if err := check(parent, why); err != nil {
+			return err
+		}
+	}
+	for _, p := range tree[1:] {
+		if _, alive := byPid[p.pgid]; alive || p.pgid == p.pid || led[p.pgid] {
+			continue
+		}
+		led[p.pgid] = true
+		if err := check(p, fmt.Sprintf("its process group %d, whose leader has exited", p.pgid)); err != nil {
+			return err
 		}
 	}
 	return nil
