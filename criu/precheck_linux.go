@@ -33,12 +33,15 @@ const inotifyFixVersion = 40300
 // proc is what the pre-dump check reads of one process of a dumped tree.
 type proc struct {
 	pid, ppid, pgid, sid int    // host view
-	nspid                int    // the pid inside the sandbox's PID namespace
+	ns                   nsIDs  // the same inside the sandbox's PID namespace
 	comm                 string // the process name
 }
 
+// nsIDs are a process's pid, process group and session in its innermost PID namespace.
+type nsIDs struct{ pid, pgid, sid int }
+
 func (p proc) String() string {
-	return fmt.Sprintf("process %d (%s, host pid %d)", p.nspid, p.comm, p.pid)
+	return fmt.Sprintf("process %d (%s, host pid %d)", p.ns.pid, p.comm, p.pid)
 }
 
 // Precheck inspects the process tree rooted at host pid root (the task's init) through /proc
@@ -142,27 +145,36 @@ func readProc(pid int) (proc, error) {
 	p.ppid, _ = strconv.Atoi(f[1])
 	p.pgid, _ = strconv.Atoi(f[2])
 	p.sid, _ = strconv.Atoi(f[3])
-	p.nspid = nsPid(pid)
+	p.ns = nsIDs{pid: pid, pgid: p.pgid, sid: p.sid}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		p.ns = nsIDsOf(string(b), p.ns)
+	}
 	return p, nil
 }
 
-// nsPid returns the pid of host process pid in its innermost PID namespace (the last NSpid
-// of /proc/<pid>/status), or pid when unknown.
-func nsPid(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return pid
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			if f := strings.Fields(v); len(f) > 0 {
-				if n, err := strconv.Atoi(f[len(f)-1]); err == nil {
-					return n
-				}
-			}
+// nsIDsOf reads the innermost (last) values of the NSpid, NSpgid and NSsid lines of a
+// /proc/<pid>/status; def holds the values to keep for missing lines.
+func nsIDsOf(status string, def nsIDs) nsIDs {
+	for _, line := range strings.Split(status, "\n") {
+		key, v, ok := strings.Cut(line, ":")
+		f := strings.Fields(v)
+		if !ok || len(f) == 0 {
+			continue
+		}
+		n, err := strconv.Atoi(f[len(f)-1])
+		if err != nil {
+			continue
+		}
+		switch key {
+		case "NSpid":
+			def.pid = n
+		case "NSpgid":
+			def.pgid = n
+		case "NSsid":
+			def.sid = n
 		}
 	}
-	return pid
+	return def
 }
 
 func children(pid int) ([]int, error) {
@@ -216,10 +228,10 @@ func checkHelpers(tree []proc) error {
 		if p.ppid != root.pid || p.sid == root.sid || p.sid == p.pid {
 			continue
 		}
-		why := fmt.Sprintf("the session %d of %s, reparented away from its session leader", p.sid, p)
+		why := fmt.Sprintf("the session %d of %s, reparented away from its session leader", p.ns.sid, p)
 		parent, ok := byPid[p.sid]
 		if !ok {
-			parent, why = root, fmt.Sprintf("the session %d of %s, whose leader has exited", p.sid, p)
+			parent, why = root, fmt.Sprintf("the session %d of %s, whose leader has exited", p.ns.sid, p)
 			led[p.sid] = true
 		}
 		if err := check(parent, why); err != nil {
@@ -231,7 +243,7 @@ func checkHelpers(tree []proc) error {
 			continue
 		}
 		led[p.pgid] = true
-		if err := check(p, fmt.Sprintf("its process group %d, whose leader has exited", p.pgid)); err != nil {
+		if err := check(p, fmt.Sprintf("its process group %d, whose leader has exited", p.ns.pgid)); err != nil {
 			return err
 		}
 	}

@@ -140,6 +140,16 @@ func unparkInit(ctx context.Context, sb pool.Sandbox) {
 	}
 }
 
+// writeNewIdentityConfig writes the CRIU configuration of a restore under a new identity
+// (criu.NewIdentityOptions: loopback-only TCP connections stay established, others close).
+func writeNewIdentityConfig(conf, images string) error {
+	m, err := criu.ReadMeta(images)
+	if err != nil {
+		return err
+	}
+	return criu.WriteConfig(conf, criu.NewIdentityOptions(m))
+}
+
 // restoreL3 restores a task from CRIU images and unparks its init, which was parked when
 // the images were dumped; the pool then waits for the init to answer.
 func (o *Orchestrator) restoreL3(ctx context.Context, cid, images string, ioc cio.Creator) (containerd.Task, error) {

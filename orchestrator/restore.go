@@ -126,14 +126,14 @@ func (o *Orchestrator) restorePool(ctx context.Context, name string, cfg snapsho
 }
 
 // restoreTask is the pool's RestoreFunc: rootfs diff into the fresh upper dir, a new machine
-// id, tcp-close (new identity), then CRIU.
+// id, the CRIU options of a new identity (writeNewIdentityConfig), then CRIU.
 func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 	return func(ctx context.Context, c containerd.Container, layout pool.Layout, ioc cio.Creator) (containerd.Task, error) {
 		conf, err := criu.ConfigOf(ctx, c)
 		if err != nil {
 			return nil, err
 		}
-		if err := criu.WriteConfig(conf, criu.Options{TCPClose: true, FileLocks: true}); err != nil {
+		if err := writeNewIdentityConfig(conf, f.images); err != nil {
 			return nil, err
 		}
 		start := time.Now()
