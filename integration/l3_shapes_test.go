@@ -143,9 +143,10 @@ func TestL3ProcessShapes(t *testing.T) {
 	e1 := requireEnv(t)
 	e2 := env{bin: e1.bin, containerd: testutil.RequiresEnv(t, "DELTABOX_CONTAINERD2_ADDRESS")}
 	a := startDaemonOn(t, e1, "")
-	b := startDaemonOn(t, e2, "")
+	b := startDaemonOn(t, e2, trustConfig(a)) // B trusts A's signing key
 	store := "file://" + shortTempDir(t)
 	a.createPool("py", pythonImage, 2, "--max", "8")
+	b.createPool("py", pythonImage, 0, "--max", "4")
 	id := a.lease("py").ID
 	refused := a.lease("py").ID
 	shapes := restoringShapes

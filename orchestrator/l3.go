@@ -46,7 +46,7 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 	if err := os.RemoveAll(dir); err != nil {
 		return 0, nil, err
 	}
-	// The init parks its listener for the dump (see initproto.ParkSignal) and is unparked
+	// The init parks its listener for the dump (see initproto.UnparkSignal) and is unparked
 	// after the resume; then containerd's checkpoint expects a task it paused itself (runc
 	// pause), not a cgroup frozen behind its back. Both undo steps run even if the request is
 	// cancelled.
@@ -97,26 +97,28 @@ const initParkTimeout = 2 * time.Second
 // parkInit makes the sandbox's init close its listener and waits until the init holds no
 // path-bound unix socket: a dumped init that still had it could not be restored by CRIU 4.1.1
 // as soon as a daemonized process (a session whose leader exited) is reparented to it. An
-// init that does not park (one older than parking) is dumped as it is after the timeout;
-// the dump's pre-check refuses the tree if that socket would break the restore.
+// init that does not park (one older than parking) is dumped as it is; the dump's pre-check
+// refuses the tree if that socket would break the restore.
 func parkInit(ctx context.Context, sb pool.Sandbox) error {
-	pid := int(sb.InitPid)
-	if err := syscall.Kill(pid, initproto.ParkSignal); err != nil {
+	if err := initproto.New(filepath.Join(sb.RunDir, "init.sock")).Park(ctx); err != nil {
+		if errdefs.IsInvalidArgument(err) { // "unknown op": an init older than parking
+			log.L(ctx).Warn("sandbox init cannot park its listener; dumping it listening", "sandbox", sb.ID, "error", err)
+			return nil
+		}
 		return fmt.Errorf("park the init of %s: %w", sb.ID, err)
 	}
 	deadline := time.Now().Add(initParkTimeout)
 	for {
-		socks, err := criu.BoundUnixSockets(pid)
+		socks, err := criu.BoundUnixSockets(int(sb.InitPid))
+		if err == nil && len(socks) == 0 {
+			return nil
+		}
+		if err == nil && time.Now().After(deadline) {
+			err = fmt.Errorf("it still listens on %v after %s: %w", socks, initParkTimeout, errdefs.ErrUnavailable)
+		}
 		if err != nil {
 			unparkInit(ctx, sb)
 			return fmt.Errorf("park the init of %s: %w", sb.ID, err)
-		}
-		if len(socks) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			log.L(ctx).Warn("sandbox init did not park its listener; dumping it listening", "sandbox", sb.ID, "sockets", socks)
-			return nil
 		}
 		select {
 		case <-ctx.Done():

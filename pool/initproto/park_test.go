@@ -28,7 +28,7 @@ func TestParkClosesListenerAndKeepsExecs(t *testing.T) {
 		st, err := p.client.Exec(ctx, initproto.ExecRequest{Argv: []string{"sh", "-c", "sleep 0.5; echo still-here"}}, nil, &out, nil)
 		done <- result{st, err}
 	}()
-	time.Sleep(100 * time.Millisecond) // the exec is running
+	time.Sleep(100 * time.Millisecond)                                   // the exec is running
 	if err := p.cmd.Process.Signal(initproto.UnparkSignal); err != nil { // while listening: no-op
 		t.Fatal(err)
 	}
