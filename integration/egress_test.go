@@ -293,3 +293,126 @@ func startUntrustedTLS(t *testing.T) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
+
+// flakyUpstream answers 503 (or hangs) until told to work, recording every Idempotency-Key.
+type flakyUpstream struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	mode string // "5xx", "hang" or "ok"
+	keys []string
+	hang chan struct{}
+}
+
+func startFlakyUpstream(t *testing.T, mode string) *flakyUpstream {
+	f := &flakyUpstream{mode: mode, hang: make(chan struct{})}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.keys = append(f.keys, r.Header.Get("Idempotency-Key"))
+		mode := f.mode
+		f.mu.Unlock()
+		switch mode {
+		case "5xx":
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+		case "hang":
+			select {
+			case <-f.hang:
+			case <-r.Context().Done():
+			}
+		default:
+			fmt.Fprint(w, "ok")
+		}
+	}))
+	t.Cleanup(func() { close(f.hang); f.srv.Close() })
+	return f
+}
+
+func (f *flakyUpstream) set(mode string) {
+	f.mu.Lock()
+	f.mode = mode
+	f.mu.Unlock()
+}
+
+// keysAre checks that the upstream got n attempts, each with want as its key.
+func (f *flakyUpstream) keysAre(t *testing.T, want string, n int) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.keys) != n {
+		t.Fatalf("upstream got %d attempts, want %d (keys %v)", len(f.keys), n, f.keys)
+	}
+	for _, k := range f.keys {
+		if k != want {
+			t.Fatalf("Idempotency-Key %q, want %q on every attempt", k, want)
+		}
+	}
+}
+
+func (d *daemon) effectByURL(id, url string) api.Effect {
+	d.t.Helper()
+	var effects []api.Effect
+	d.cliJSON(&effects, "effects", "ls", id)
+	for _, e := range effects {
+		if e.URL == url {
+			return e
+		}
+	}
+	d.t.Fatalf("no effect for %s in %+v", url, effects)
+	return api.Effect{}
+}
+
+// TestEgressFailedEffectsAreTheUsersToDecide: bounded attempts by config, commit exits
+// non-zero naming the failed effect, every attempt recorded with one key, retry and abandon.
+func TestEgressFailedEffectsAreTheUsersToDecide(t *testing.T) {
+	u := startUpstream(t)
+	flaky := startFlakyUpstream(t, "5xx")
+	hung := startFlakyUpstream(t, "hang")
+	d := egressDaemon(t, u, pythonImage, 1, "commit_attempts = 2\ncommit_timeout = \"500ms\"\ncommit_backoff = \"10ms\"\n")
+	id := d.lease("net", noProxyBypass...).ID
+	url := flaky.srv.URL + "/charge"
+	d.holdPost(id, url)
+	d.cli("checkpoint", "create", id)
+	eff := d.effectByURL(id, url)
+	_, errOut, code := d.cliRaw("commit", id)
+	if code == 0 || !strings.Contains(errOut, eff.ID) || !strings.Contains(errOut, "upstream answered 503") {
+		t.Fatalf("commit with a failing upstream: exit %d, stderr %q", code, errOut)
+	}
+	eff = d.effectByURL(id, url)
+	if eff.Status != "failed" || eff.Attempts != 2 || len(eff.History) != 2 || eff.History[1].Status != 503 || eff.Error == "" {
+		t.Fatalf("failed effect %+v", eff)
+	}
+	flaky.keysAre(t, "deltabox-"+eff.ID, 2)
+	if out := d.cli("effects", "ls", id); !strings.Contains(out, "upstream answered 503") || !strings.Contains(out, "ATTEMPTS") {
+		t.Fatalf("effects ls does not show progress:\n%s", out)
+	}
+	flaky.set("ok")
+	var rr api.RetryEffectsResult
+	d.cliJSON(&rr, "effects", "retry", id, eff.ID)
+	if rr.EffectsReleased != 1 || d.effectByURL(id, url).Status != "released" {
+		t.Fatalf("retry: %+v", rr)
+	}
+	flaky.keysAre(t, "deltabox-"+eff.ID, 3)
+
+	// A black-holed upstream costs attempts x timeout, then the effect is abandoned.
+	hurl := hung.srv.URL + "/never"
+	d.holdPost(id, hurl)
+	d.cli("checkpoint", "create", id)
+	start := time.Now()
+	if _, errOut, code := d.cliRaw("commit", id); code == 0 || !strings.Contains(errOut, "no answer within 500ms") {
+		t.Fatalf("commit with a hung upstream: exit %d, stderr %q", code, errOut)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("commit with a hung upstream took %s", took)
+	}
+	heff := d.effectByURL(id, hurl)
+	hung.keysAre(t, "deltabox-"+heff.ID, 2)
+	var ab api.Effect
+	d.cliJSON(&ab, "effects", "abandon", id, heff.ID)
+	if ab.Status != "abandoned" {
+		t.Fatalf("abandon: %+v", ab)
+	}
+	d.cli("commit", id) // nothing failed in it: exit 0
+	if _, _, code := d.cliRaw("effects", "retry", id, heff.ID); code == 0 {
+		t.Fatal("retry of an abandoned effect succeeded")
+	}
+	hung.keysAre(t, "deltabox-"+heff.ID, 2)
+}
