@@ -50,6 +50,11 @@ func destroyNodeContainers(t testing.TB, e env, root string) {
 			}
 			_, _ = task.Delete(ctx, containerd.WithProcessKill)
 		}
+	}
+	if err := pool.UnmountDisks(filepath.Join(root, "pool", "containers"), nil); err != nil { // before the snapshots go
+		t.Errorf("cleanup: %v", err)
+	}
+	for _, c := range cs {
 		if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 			t.Errorf("cleanup: delete %s: %v", c.ID(), err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/deltabox/deltabox/internal/version"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/overlay"
+	"github.com/deltabox/deltabox/pool"
 )
 
 // Info reports the daemon, its dependencies and the host.
@@ -29,6 +30,7 @@ func (o *Orchestrator) Info(ctx context.Context) (api.Info, error) {
 		StateRoot: o.opts.Root,
 		Namespace: o.opts.Namespace,
 		Store:     api.ObjectStore{URI: o.opts.ObjectStoreURI},
+		Sandbox:   api.SandboxDefaults{Isolation: apiIsolation(pool.SandboxIsolation()), Limits: apiLimits(o.opts.SandboxDefaults)},
 	}
 	return info, nil
 }

@@ -50,6 +50,7 @@ type Options struct {
 	RequestsPerSandbox int
 	RequestBodyBudget  int64
 	Snapshots          SnapshotOptions // signing and trust of L3 snapshots
+	SandboxDefaults    pool.Limits     // limits of sandboxes whose pool sets none (zero: unlimited)
 }
 
 // SnapshotOptions configure how L3 snapshots are signed and which are trusted.
@@ -159,6 +160,7 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	popts := pool.Options{
 		Root: filepath.Join(o.opts.Root, "pool"), InitBinary: initBin, Node: o.node, Metrics: o.opts.Metrics,
 		Reset: o.resetFiles, SpecOpts: o.sandboxSpec, Claims: o.readClaims,
+		Defaults: o.opts.SandboxDefaults,
 	}
 	if o.opts.Network != nil {
 		nopts := *o.opts.Network

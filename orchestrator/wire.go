@@ -11,17 +11,26 @@ import (
 // carry the same JSON fields. Lists are never nil, so they travel as [] (never null).
 
 func poolTemplate(t api.Template) pool.Template {
-	return pool.Template{Name: t.Name, Image: t.Image, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, Pids: t.Pids,
+	return pool.Template{Name: t.Name, Image: t.Image, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, Pids: t.Pids, DiskBytes: t.DiskBytes,
 		Env: t.Env, Workdir: t.Workdir, Labels: t.Labels, EgressPolicy: t.EgressPolicy, MinReady: t.MinReady, Max: t.Max}
 }
 
 func apiTemplate(t pool.Template) api.Template {
-	return api.Template{Name: t.Name, Image: t.Image, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, Pids: t.Pids,
+	return api.Template{Name: t.Name, Image: t.Image, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, Pids: t.Pids, DiskBytes: t.DiskBytes,
 		Env: t.Env, Workdir: t.Workdir, Labels: t.Labels, EgressPolicy: t.EgressPolicy, MinReady: t.MinReady, Max: t.Max}
 }
 
 func apiPoolInfo(p pool.PoolInfo) api.PoolInfo {
-	return api.PoolInfo{Template: apiTemplate(p.Template), Ready: p.Ready, Creating: p.Creating, Leased: p.Leased}
+	return api.PoolInfo{Template: apiTemplate(p.Template), Ready: p.Ready, Creating: p.Creating, Leased: p.Leased,
+		Limits: apiLimits(p.Limits), Isolation: apiIsolation(p.Isolation)}
+}
+
+func apiLimits(l pool.Limits) api.Limits {
+	return api.Limits{CPUs: l.CPUs, MemoryBytes: l.MemoryBytes, Pids: l.Pids, DiskBytes: l.DiskBytes}
+}
+
+func apiIsolation(i pool.Isolation) api.Isolation {
+	return api.Isolation{Seccomp: i.Seccomp, Capabilities: i.Capabilities, UserNamespace: i.UserNamespace}
 }
 
 func apiPoolInfos(ps []pool.PoolInfo) []api.PoolInfo {
@@ -35,7 +44,8 @@ func apiPoolInfos(ps []pool.PoolInfo) []api.PoolInfo {
 func apiSandbox(s pool.Sandbox) api.Sandbox {
 	return api.Sandbox{ID: s.ID, Pool: s.Pool, Container: s.Container, Image: s.Image, Env: s.Env, Labels: s.Labels,
 		Workdir: s.Workdir, LeasedAt: s.LeasedAt, Created: s.Created, InitPid: s.InitPid, IP: s.IP, EgressPolicy: s.EgressPolicy,
-		RestoredFrom: s.RestoredFrom, ForkedFrom: s.ForkedFrom, State: s.State, Reason: s.Reason}
+		RestoredFrom: s.RestoredFrom, ForkedFrom: s.ForkedFrom, State: s.State, Reason: s.Reason,
+		Limits: apiLimits(s.Limits), Isolation: apiIsolation(s.Isolation)}
 }
 
 func apiSandboxes(sbs []pool.Sandbox) []api.Sandbox {

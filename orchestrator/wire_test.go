@@ -21,6 +21,8 @@ func TestWireTypesMatchPool(t *testing.T) {
 		{pool.Sandbox{}, api.Sandbox{}},
 		{pool.LeaseResult{}, api.LeaseResult{}},
 		{initproto.ExitStatus{}, api.ExitStatus{}},
+		{pool.Limits{}, api.Limits{}},
+		{pool.Isolation{}, api.Isolation{}},
 	}
 	for _, p := range pairs {
 		in, out := jsonFields(reflect.TypeOf(p.internal)), jsonFields(reflect.TypeOf(p.wire))
@@ -33,11 +35,12 @@ func TestWireTypesMatchPool(t *testing.T) {
 // TestWireConversionKeepsValues checks that every field survives the conversion: the JSON of
 // the converted value is the JSON of the pool value.
 func TestWireConversionKeepsValues(t *testing.T) {
-	tmpl := pool.Template{Name: "p", Image: "img", CPUs: 1.5, MemoryBytes: 64 << 20, Pids: 9, Env: []string{"A=1"},
+	tmpl := pool.Template{Name: "p", Image: "img", CPUs: 1.5, MemoryBytes: 64 << 20, Pids: 9, DiskBytes: 1 << 30, Env: []string{"A=1"},
 		Workdir: "/w", Labels: map[string]string{"k": "v"}, EgressPolicy: "allow: []", MinReady: 2, Max: 5}
 	sb := pool.Sandbox{ID: "sb-1", Pool: "p", Container: "c", Image: "img", Env: []string{"B=2"},
 		Labels: map[string]string{"l": "m"}, Workdir: "/w", LeasedAt: time.Unix(10, 0).UTC(), Created: time.Unix(5, 0).UTC(),
-		InitPid: 42, IP: "10.0.0.2", EgressPolicy: "deny", RunDir: "/run/x"}
+		InitPid: 42, IP: "10.0.0.2", EgressPolicy: "deny", RunDir: "/run/x",
+		Limits: pool.Limits{CPUs: 1, MemoryBytes: 2, Pids: 3, DiskBytes: 4}, Isolation: pool.SandboxIsolation()}
 	st := initproto.ExitStatus{Code: 137, Signal: "SIGKILL", TimedOut: true, StdoutTruncated: true, StderrTruncated: true,
 		Error: "e", Pid: 7, Duration: time.Second}
 	same := func(a, b any) {
@@ -52,7 +55,7 @@ func TestWireConversionKeepsValues(t *testing.T) {
 	if back := poolTemplate(apiTemplate(tmpl)); !reflect.DeepEqual(back, tmpl) {
 		t.Errorf("template round trip: %+v, want %+v", back, tmpl)
 	}
-	info := pool.PoolInfo{Template: tmpl, Ready: 1, Creating: 2, Leased: 3}
+	info := pool.PoolInfo{Template: tmpl, Ready: 1, Creating: 2, Leased: 3, Limits: sb.Limits, Isolation: sb.Isolation}
 	same(info, apiPoolInfo(info))
 	if j, _ := json.Marshal(apiPoolInfos(nil)); string(j) != "[]" {
 		t.Errorf("no pools travel as %s, want []", j)

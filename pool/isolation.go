@@ -5,6 +5,7 @@ import (
 
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // SeccompProfile names the seccomp profile every sandbox runs under: containerd's default
@@ -45,8 +46,13 @@ func SandboxIsolation() Isolation {
 	return Isolation{Seccomp: SeccompProfile, Capabilities: slices.Clone(sandboxCaps)}
 }
 
-// isolationSpec sets the capabilities and then the seccomp profile (which depends on them:
-// a capability re-allows the syscalls it guards).
+// isolationSpec sets a private cgroup namespace (the sandbox sees its own cgroup as
+// /sys/fs/cgroup, not the host's tree), the capabilities and then the seccomp profile (which
+// depends on them: a capability re-allows the syscalls it guards).
 func isolationSpec() []oci.SpecOpts {
-	return []oci.SpecOpts{oci.WithCapabilities(slices.Clone(sandboxCaps)), seccomp.WithDefaultProfile()}
+	return []oci.SpecOpts{
+		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.CgroupNamespace}),
+		oci.WithCapabilities(slices.Clone(sandboxCaps)),
+		seccomp.WithDefaultProfile(),
+	}
 }

@@ -45,10 +45,13 @@ type Sandbox struct {
 	// State is "leased" (Quarantined lists the others, with their Reason).
 	State  string `json:"state,omitempty"`
 	Reason string `json:"reason,omitempty"`
-	RunDir string `json:"-"`
-	Layout Layout `json:"-"`
-	initc  *initproto.Client
-	ref    *initRef
+	// Limits and Isolation are what confines the sandbox (its pool's, see PoolInfo).
+	Limits    Limits    `json:"limits"`
+	Isolation Isolation `json:"isolation"`
+	RunDir    string    `json:"-"`
+	Layout    Layout    `json:"-"`
+	initc     *initproto.Client
+	ref       *initRef
 }
 
 // OpenRoot opens the sandbox's root directory (its merged filesystem, as its init sees it)
@@ -260,6 +263,7 @@ func (m *Manager) view(p *pool, sb *sandbox) Sandbox {
 	}
 	if p != nil {
 		v.Image, v.Workdir = p.t.Image, p.t.Workdir
+		v.Limits, v.Isolation = p.t.limits().Over(m.opts.Defaults), SandboxIsolation()
 		v.Labels = mergeLabels(p.t.Labels, v.Labels)
 		if v.EgressPolicy == "" {
 			v.EgressPolicy = p.t.EgressPolicy

@@ -42,6 +42,8 @@ type Options struct {
 	// start a claimed container is never destroyed for want of a trusted record: it is
 	// quarantined.
 	Claims func(ctx context.Context) map[string]Claim
+	// Defaults are the limits of sandboxes whose template leaves one unset (zero: unlimited).
+	Defaults Limits
 }
 
 func (o *Options) setDefaults() {
@@ -102,6 +104,9 @@ func NewManager(ctx context.Context, client *containerd.Client, opts Options) (*
 	if opts.Node == "" {
 		return nil, fmt.Errorf("pool manager needs a node ID: %w", errdefs.ErrInvalidArgument)
 	}
+	if err := opts.Defaults.Validate("sandbox defaults"); err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(opts.InitBinary); err != nil {
 		return nil, fmt.Errorf("sandbox init binary: %w", err)
 	}
@@ -117,7 +122,7 @@ func NewManager(ctx context.Context, client *containerd.Client, opts Options) (*
 		pools: map[string]*pool{}, leased: map[string]*sandbox{}, quarantine: map[string]*Quarantined{},
 		rt: &runtime{client: client, snapshotter: opts.Snapshotter, runtimeName: opts.Runtime,
 			initBin: opts.InitBinary, dir: filepath.Join(opts.Root, "containers"), node: opts.Node,
-			net: opts.Network, specOpts: opts.SpecOpts},
+			net: opts.Network, specOpts: opts.SpecOpts, defaults: opts.Defaults},
 	}
 	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if m.metrics, err = newMetrics(m, opts.Metrics); err != nil {
@@ -169,7 +174,7 @@ func (m *Manager) CreatePool(ctx context.Context, t Template) (PoolInfo, error) 
 	p := m.addPool(t)
 	m.startFiller(p)
 	log.L(ctx).Info("pool created", "pool", t.Name, "image", t.Image, "min_ready", t.MinReady, "max", t.Max)
-	return p.info(), nil
+	return m.info(p), nil
 }
 
 func (m *Manager) addPool(t Template) *pool {
@@ -197,7 +202,7 @@ func (m *Manager) ScalePool(ctx context.Context, name string, minReady int) (Poo
 	}
 	p.t = t
 	excess := m.trimLocked(p)
-	info := p.info()
+	info := m.info(p)
 	m.mu.Unlock()
 	m.destroyAll(ctx, excess)
 	p.poke()
@@ -261,7 +266,7 @@ func (m *Manager) Pools() []PoolInfo {
 	defer m.mu.Unlock()
 	out := make([]PoolInfo, 0, len(m.pools))
 	for _, p := range m.pools {
-		out = append(out, p.info())
+		out = append(out, m.info(p))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -275,20 +280,27 @@ func (m *Manager) Pool(name string) (PoolInfo, error) {
 	if err != nil {
 		return PoolInfo{}, err
 	}
-	return p.info(), nil
+	return m.info(p), nil
 }
 
-// PoolInfo is a pool's template and counts.
+// PoolInfo is a pool's template and counts, with the limits and isolation its sandboxes get
+// (the template's limits over the node defaults).
 type PoolInfo struct {
 	Template
-	Ready    int `json:"ready"`
-	Creating int `json:"creating"`
-	Leased   int `json:"leased"`
+	Ready     int       `json:"ready"`
+	Creating  int       `json:"creating"`
+	Leased    int       `json:"leased"`
+	Limits    Limits    `json:"limits"`
+	Isolation Isolation `json:"isolation"`
 }
 
-func (p *pool) info() PoolInfo {
-	return PoolInfo{Template: p.t, Ready: len(p.ready), Creating: p.creating, Leased: p.leased}
+func (m *Manager) info(p *pool) PoolInfo {
+	return PoolInfo{Template: p.t, Ready: len(p.ready), Creating: p.creating, Leased: p.leased,
+		Limits: p.t.limits().Over(m.opts.Defaults), Isolation: SandboxIsolation()}
 }
+
+// Defaults returns the limits of sandboxes whose template sets none.
+func (m *Manager) Defaults() Limits { return m.opts.Defaults }
 
 func (p *pool) poke() {
 	select {

@@ -62,6 +62,13 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		log.L(ctx).Warn("dropping damaged record of a container that is gone", "container", cid, "reason", why)
 		_ = m.st.delete(bucketContainers, cid)
 	}
+	// Disks of containers deleted behind the daemon's back would stay mounted for good.
+	if err := UnmountDisks(m.rt.dir, func(cid string) bool {
+		_, err := m.rt.client.LoadContainer(ctx, cid)
+		return err == nil
+	}); err != nil {
+		log.L(ctx).Warn("unmount disks of vanished sandboxes", "error", err)
+	}
 	return nil
 }
 

@@ -47,6 +47,7 @@ type runtime struct {
 	node        string
 	net         Network
 	specOpts    func(cid, dir string) ([]oci.SpecOpts, error)
+	defaults    Limits // limits of sandboxes whose template sets none
 }
 
 // Network gives sandboxes their network namespaces (implemented by pool/network).
@@ -173,6 +174,8 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string, start Res
 			r.cleanup(ctx, cid)
 		}
 	}()
+	disk := r.prepareDisk(ctx, cid, t.limits().Over(r.defaults).DiskBytes) // while the rest is set up
+	defer disk.wait()                                                      // never leave mkfs behind
 	opts, err := r.containerSpec(ctx, img, t, inst)
 	if err != nil {
 		return nil, err
@@ -188,6 +191,9 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string, start Res
 		return nil, fmt.Errorf("create container %s: %w", cid, err)
 	}
 	if inst.layout, err = r.layoutOf(ctx, c); err != nil {
+		return nil, err
+	}
+	if err := r.attachDisk(ctx, cid, inst.layout, disk); err != nil {
 		return nil, err
 	}
 	task, err := start(ctx, c, inst.layout, r.initLog(cid))
@@ -273,16 +279,7 @@ func (r *runtime) templateSpec(img containerd.Image, t *Template, cid, runDir st
 		}),
 		oci.WithEnv(t.Env),
 	}
-	if t.MemoryBytes > 0 {
-		opts = append(opts, oci.WithMemoryLimit(uint64(t.MemoryBytes)), oci.WithMemorySwap(t.MemoryBytes))
-	}
-	if t.CPUs > 0 {
-		const period = 100000
-		opts = append(opts, oci.WithCPUCFS(int64(t.CPUs*period), period))
-	}
-	if t.Pids > 0 {
-		opts = append(opts, oci.WithPidsLimit(t.Pids))
-	}
+	opts = append(opts, t.limits().Over(r.defaults).cgroupSpec()...)
 	return append(opts, isolationSpec()...)
 }
 
@@ -302,6 +299,9 @@ func (r *runtime) destroy(ctx context.Context, cid string) error {
 		if err := killTask(ctx, c); err != nil {
 			return err
 		}
+		if err := r.detachDisk(ctx, c); err != nil {
+			return err
+		}
 		if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("delete container %s: %w", cid, err)
 		}
@@ -315,6 +315,17 @@ func (r *runtime) destroy(ctx context.Context, cid string) error {
 		return fmt.Errorf("remove sandbox dir of %s: %w", cid, err)
 	}
 	return nil
+}
+
+// detachDisk unmounts the disk of a container whose task is gone (none on a container
+// without a snapshot, e.g. a half-created one).
+func (r *runtime) detachDisk(ctx context.Context, c containerd.Container) error {
+	l, err := r.layoutOf(ctx, c)
+	if err != nil {
+		log.L(ctx).Debug("no layout, so no disk to detach", "container", c.ID(), "error", err)
+		return nil
+	}
+	return detachDisk(l)
 }
 
 func (r *runtime) cleanup(ctx context.Context, cid string) {

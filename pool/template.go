@@ -12,9 +12,10 @@ import (
 type Template struct {
 	Name         string            `json:"name"`
 	Image        string            `json:"image"`
-	CPUs         float64           `json:"cpus,omitempty"`         // CPU quota in cores (0: unlimited)
-	MemoryBytes  int64             `json:"memory_bytes,omitempty"` // memory limit (0: unlimited)
-	Pids         int64             `json:"pids,omitempty"`         // pids limit (0: unlimited)
+	CPUs         float64           `json:"cpus,omitempty"`         // CPU quota in cores (0: the node default)
+	MemoryBytes  int64             `json:"memory_bytes,omitempty"` // memory limit (0: the node default)
+	Pids         int64             `json:"pids,omitempty"`         // pids limit (0: the node default)
+	DiskBytes    int64             `json:"disk_bytes,omitempty"`   // writable layer size (0: the node default)
 	Env          []string          `json:"env,omitempty"`          // KEY=VALUE for every process
 	Workdir      string            `json:"workdir,omitempty"`      // default working directory of execs
 	Labels       map[string]string `json:"labels,omitempty"`
@@ -41,17 +42,17 @@ func (t *Template) Validate() error {
 	if t.Image == "" {
 		return fmt.Errorf("pool %q: an image is required: %w", t.Name, errdefs.ErrInvalidArgument)
 	}
-	if t.MinReady < 0 || t.Max < 0 || t.CPUs < 0 || t.MemoryBytes < 0 || t.Pids < 0 {
-		return fmt.Errorf("pool %q: min_ready, max, cpus, memory and pids must not be negative: %w", t.Name, errdefs.ErrInvalidArgument)
+	if t.MinReady < 0 || t.Max < 0 {
+		return fmt.Errorf("pool %q: min_ready and max must not be negative: %w", t.Name, errdefs.ErrInvalidArgument)
+	}
+	if err := t.limits().Validate(fmt.Sprintf("pool %q", t.Name)); err != nil {
+		return err
 	}
 	if t.Max == 0 {
 		t.Max = max(t.MinReady, 1) * 4
 	}
 	if t.MinReady > t.Max {
 		return fmt.Errorf("pool %q: min_ready %d is above max %d: %w", t.Name, t.MinReady, t.Max, errdefs.ErrInvalidArgument)
-	}
-	if t.MemoryBytes > 0 && t.MemoryBytes < 4<<20 {
-		return fmt.Errorf("pool %q: memory %d bytes is below the 4 MiB minimum: %w", t.Name, t.MemoryBytes, errdefs.ErrInvalidArgument)
 	}
 	if t.Workdir != "" && !strings.HasPrefix(t.Workdir, "/") {
 		return fmt.Errorf("pool %q: workdir %q must be absolute: %w", t.Name, t.Workdir, errdefs.ErrInvalidArgument)

@@ -27,6 +27,7 @@ import (
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/internal/version"
 	"github.com/deltabox/deltabox/orchestrator"
+	"github.com/deltabox/deltabox/pool"
 	"github.com/deltabox/deltabox/pool/network"
 )
 
@@ -99,13 +100,17 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	if err != nil {
 		return err
 	}
+	defaults, err := sandboxDefaults(cfg.Sandbox)
+	if err != nil {
+		return err
+	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	o, err := orchestrator.New(ctx, orchestrator.Options{
 		Root: cfg.Root, ContainerdAddress: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI, InitBinary: initBinary,
 		Metrics: registry, Retain: cfg.Checkpoints.Retain, L2Every: cfg.Checkpoints.L2Every,
-		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, Network: netOpts,
+		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, Network: netOpts, SandboxDefaults: defaults,
 		Egress: egressOptions(cfg.Egress),
 		Snapshots: orchestrator.SnapshotOptions{SigningKey: cfg.Snapshots.SigningKey, TrustedKeys: cfg.Snapshots.TrustedKeys,
 			RestoreTimeout: cfg.Snapshots.RestoreTimeout.Duration},
@@ -157,6 +162,19 @@ func networkOptions(c config.Network) (*network.Options, error) {
 	}
 	return &network.Options{NetworkName: c.Name, Bridge: c.Bridge, Subnet: subnet, ProxyPort: c.ProxyPort,
 		TransparentHTTPPort: c.TransparentHTTPPort, TransparentHTTPSPort: c.TransparentHTTPSPort}, nil
+}
+
+// sandboxDefaults turns the [sandbox] section into the pools' default limits.
+func sandboxDefaults(c config.Sandbox) (pool.Limits, error) {
+	l := pool.Limits{CPUs: c.CPUs, Pids: c.Pids}
+	var err error
+	if l.MemoryBytes, err = c.MemoryBytes(); err != nil {
+		return l, err
+	}
+	if l.DiskBytes, err = c.DiskBytes(); err != nil {
+		return l, err
+	}
+	return l, l.Validate("config [sandbox]")
 }
 
 // initBinaryPath returns the flag's value, or deltabox-init next to this executable.

@@ -3,8 +3,11 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 
+	"github.com/docker/go-units"
 	"github.com/urfave/cli/v2"
 
 	"github.com/deltabox/deltabox/internal/version"
@@ -55,6 +58,36 @@ func printInfo(w io.Writer, r infoResult) {
 	row("Change tracking", "%s", r.Host.ChangeTracking)
 	row("State root", "%s", r.StateRoot)
 	row("Object store", "%s", r.Store.URI)
+	iso := r.Sandbox.Isolation
+	row("Sandbox seccomp", "%s", orNone(iso.Seccomp))
+	row("Sandbox user namespace", "%t", iso.UserNamespace)
+	row("Sandbox capabilities", "%s", strings.Join(iso.Capabilities, " "))
+	row("Sandbox default limits", "%s", limitsText(r.Sandbox.Limits))
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// limitsText renders limits as "cpus 1, memory 1GiB, pids 1024, disk 10GiB".
+func limitsText(l api.Limits) string {
+	size := func(n int64) string {
+		if n == 0 {
+			return "unlimited"
+		}
+		return units.BytesSize(float64(n))
+	}
+	cpus, pids := "unlimited", "unlimited"
+	if l.CPUs > 0 {
+		cpus = strconv.FormatFloat(l.CPUs, 'g', -1, 64)
+	}
+	if l.Pids > 0 {
+		pids = strconv.FormatInt(l.Pids, 10)
+	}
+	return fmt.Sprintf("cpus %s, memory %s, pids %s, disk %s", cpus, size(l.MemoryBytes), pids, size(l.DiskBytes))
 }
 
 func passed(ok bool, reason string) string {

@@ -36,8 +36,9 @@ func poolCreateCommand() *cli.Command {
 			&cli.IntFlag{Name: "min-ready", Value: 1, Usage: "sandboxes kept ready"},
 			&cli.IntFlag{Name: "max", Usage: "most sandboxes (ready + leased); default 4 x min-ready"},
 			&cli.Float64Flag{Name: "cpus", Usage: "CPU limit in cores"},
-			&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 512m or 1g"},
+			&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 512m or 1g (default: [sandbox] memory)"},
 			&cli.Int64Flag{Name: "pids", Usage: "most processes"},
+			&cli.StringFlag{Name: "disk", Usage: "size of the writable layer, e.g. 2g (writes past it get ENOSPC)"},
 			&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "K=V for every process (repeatable)"},
 			&cli.StringFlag{Name: "workdir", Usage: "default working directory of exec"},
 			&cli.StringSliceFlag{Name: "label", Usage: "K=V label (repeatable)"},
@@ -60,7 +61,12 @@ func poolCreate(c *cli.Context) error {
 		return err
 	}
 	if m := c.String("memory"); m != "" {
-		if t.MemoryBytes, err = parseMemory(m); err != nil {
+		if t.MemoryBytes, err = parseSize("memory", m); err != nil {
+			return usageError{err}
+		}
+	}
+	if d := c.String("disk"); d != "" {
+		if t.DiskBytes, err = parseSize("disk", d); err != nil {
 			return usageError{err}
 		}
 	}
@@ -110,9 +116,9 @@ func poolScale(c *cli.Context) error {
 func printPools(w io.Writer, ps []api.PoolInfo) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
-	fmt.Fprintln(tw, "NAME\tIMAGE\tREADY\tLEASED\tCREATING\tMIN_READY\tMAX")
+	fmt.Fprintln(tw, "NAME\tIMAGE\tREADY\tLEASED\tCREATING\tMIN_READY\tMAX\tLIMITS")
 	for _, p := range ps {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", p.Name, p.Image, p.Ready, p.Leased, p.Creating, p.MinReady, p.Max)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", p.Name, p.Image, p.Ready, p.Leased, p.Creating, p.MinReady, p.Max, limitsText(p.Limits))
 	}
 }
 
@@ -132,11 +138,11 @@ func parseKV(items []string, flag string) (map[string]string, error) {
 	return out, nil
 }
 
-// parseMemory parses a size such as "512m", "1g", "256MiB" or a byte count.
-func parseMemory(s string) (int64, error) {
+// parseSize parses a size such as "512m", "1g", "256MiB" or a byte count; what names the flag.
+func parseSize(what, s string) (int64, error) {
 	n, err := units.RAMInBytes(s)
 	if err != nil || n < 0 {
-		return 0, fmt.Errorf("memory %q: want a size such as 512m or 1g: %w", s, errdefs.ErrInvalidArgument)
+		return 0, fmt.Errorf("%s %q: want a size such as 512m or 1g: %w", what, s, errdefs.ErrInvalidArgument)
 	}
 	return n, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"github.com/containerd/errdefs"
+	"github.com/docker/go-units"
 )
 
 // CurrentVersion is the config schema version this build understands.
@@ -33,6 +34,46 @@ type Config struct {
 	Network     Network     `toml:"network"`
 	Egress      Egress      `toml:"egress"`
 	Snapshots   Snapshots   `toml:"snapshots"`
+	Sandbox     Sandbox     `toml:"sandbox"`
+}
+
+// Sandbox holds the limits of sandboxes whose pool sets none. Sizes are strings such as
+// "1g"; 0 or "0" is unlimited.
+type Sandbox struct {
+	CPUs   float64 `toml:"cpus"`
+	Memory string  `toml:"memory"`
+	Pids   int64   `toml:"pids"`
+	Disk   string  `toml:"disk"`
+}
+
+// MemoryBytes returns sandbox.memory in bytes (0: unlimited).
+func (s Sandbox) MemoryBytes() (int64, error) { return parseSize("sandbox.memory", s.Memory) }
+
+// DiskBytes returns sandbox.disk in bytes (0: unlimited).
+func (s Sandbox) DiskBytes() (int64, error) { return parseSize("sandbox.disk", s.Disk) }
+
+func parseSize(key, v string) (int64, error) {
+	if v == "" || v == "0" {
+		return 0, nil
+	}
+	n, err := units.RAMInBytes(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s = %q: want a size such as 512m or 10g, or 0 for unlimited: %w", key, v, errdefs.ErrInvalidArgument)
+	}
+	return n, nil
+}
+
+func (s Sandbox) validate() error {
+	if _, err := s.MemoryBytes(); err != nil {
+		return err
+	}
+	if _, err := s.DiskBytes(); err != nil {
+		return err
+	}
+	if s.CPUs < 0 || s.Pids < 0 {
+		return fmt.Errorf("sandbox.cpus = %v, sandbox.pids = %d: must not be negative: %w", s.CPUs, s.Pids, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // Snapshots configures the signing and trust of L3 snapshots.
@@ -193,6 +234,9 @@ func (c Config) validate(name string) error {
 	}
 	if c.Snapshots.RestoreTimeout.Duration < time.Second {
 		return fmt.Errorf("config %s: snapshots.restore_timeout = %s: want at least 1s: %w", name, c.Snapshots.RestoreTimeout, errdefs.ErrInvalidArgument)
+	}
+	if err := c.Sandbox.validate(); err != nil {
+		return fmt.Errorf("config %s: %w", name, err)
 	}
 	switch c.Log.Format {
 	case "text", "json":

@@ -104,3 +104,23 @@ func TestEgressLimitsParseAndValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestSandboxDefaults(t *testing.T) {
+	s := Default().Sandbox
+	mem, err1 := s.MemoryBytes()
+	disk, err2 := s.DiskBytes()
+	if err1 != nil || err2 != nil || mem != 1<<30 || disk != 10<<30 || s.CPUs != 1 || s.Pids != 1024 {
+		t.Fatalf("sandbox defaults: %+v (%d, %d, %v, %v)", s, mem, disk, err1, err2)
+	}
+	c, err := Parse([]byte("version = 1\n[sandbox]\nmemory = \"0\"\ndisk = \"2g\"\n"), "t.toml")
+	if err != nil || c.Sandbox.Memory != "0" || c.Sandbox.Pids != 1024 {
+		t.Fatalf("override: %+v, %v", c.Sandbox, err)
+	}
+	for _, bad := range []string{`memory = "lots"`, `disk = "-1g"`, `pids = -1`, `cpus = -0.5`} {
+		_, err := Parse([]byte("version = 1\n[sandbox]\n"+bad+"\n"), "t.toml")
+		key := "sandbox." + strings.Fields(bad)[0]
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: want an invalid-argument error naming %s, got %v", bad, key, err)
+		}
+	}
+}

@@ -6,9 +6,10 @@ import "time"
 type Template struct {
 	Name         string            `json:"name"`
 	Image        string            `json:"image"`
-	CPUs         float64           `json:"cpus,omitempty"`         // CPU quota in cores (0: unlimited)
-	MemoryBytes  int64             `json:"memory_bytes,omitempty"` // memory limit (0: unlimited)
-	Pids         int64             `json:"pids,omitempty"`         // pids limit (0: unlimited)
+	CPUs         float64           `json:"cpus,omitempty"`         // CPU quota in cores (0: the node default)
+	MemoryBytes  int64             `json:"memory_bytes,omitempty"` // memory limit (0: the node default)
+	Pids         int64             `json:"pids,omitempty"`         // pids limit (0: the node default)
+	DiskBytes    int64             `json:"disk_bytes,omitempty"`   // writable layer size (0: the node default)
 	Env          []string          `json:"env,omitempty"`          // KEY=VALUE for every process
 	Workdir      string            `json:"workdir,omitempty"`      // default working directory of execs
 	Labels       map[string]string `json:"labels,omitempty"`
@@ -17,12 +18,30 @@ type Template struct {
 	Max          int               `json:"max"`
 }
 
-// PoolInfo is a pool's template and counts.
+// PoolInfo is a pool's template and counts, with the limits (the template's over the node
+// defaults) and isolation its sandboxes get.
 type PoolInfo struct {
 	Template
-	Ready    int `json:"ready"`
-	Creating int `json:"creating"`
-	Leased   int `json:"leased"`
+	Ready     int       `json:"ready"`
+	Creating  int       `json:"creating"`
+	Leased    int       `json:"leased"`
+	Limits    Limits    `json:"limits"`
+	Isolation Isolation `json:"isolation"`
+}
+
+// Limits bound one sandbox's resources. A zero field is unlimited.
+type Limits struct {
+	CPUs        float64 `json:"cpus"`         // CPU quota in cores (cgroup cpu.max)
+	MemoryBytes int64   `json:"memory_bytes"` // memory and memory+swap limit
+	Pids        int64   `json:"pids"`         // most processes and threads
+	DiskBytes   int64   `json:"disk_bytes"`   // size of the sandbox's writable layer
+}
+
+// Isolation is what confines a sandbox's processes.
+type Isolation struct {
+	Seccomp       string   `json:"seccomp"`        // seccomp profile name ("" = none)
+	Capabilities  []string `json:"capabilities"`   // bounding = effective = permitted set
+	UserNamespace bool     `json:"user_namespace"` // root in the sandbox is not root on the host
 }
 
 // Sandbox is the public view of a leased sandbox.
@@ -48,6 +67,9 @@ type Sandbox struct {
 	// could not be trusted (Reason says why): it is not usable until adopted.
 	State  string `json:"state,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// Limits and Isolation are what confines the sandbox (its pool's).
+	Limits    Limits    `json:"limits"`
+	Isolation Isolation `json:"isolation"`
 }
 
 // Sandbox states.

@@ -17,6 +17,14 @@ type Info struct {
 	StateRoot  string      `json:"state_root"`
 	Namespace  string      `json:"namespace"`
 	Store      ObjectStore `json:"object_store"`
+	// Sandbox is the isolation every sandbox gets and the limits of those whose pool sets none.
+	Sandbox SandboxDefaults `json:"sandbox"`
+}
+
+// SandboxDefaults is the isolation in force for sandboxes and the node's default limits.
+type SandboxDefaults struct {
+	Isolation Isolation `json:"isolation"`
+	Limits    Limits    `json:"default_limits"`
 }
 
 // Component is a named piece of software with a version.

@@ -1,0 +1,280 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/log"
+)
+
+// A sandbox's disk limit is a filesystem of its own: a sparse ext4 image in the sandbox's
+// directory, attached to a loop device and mounted over the overlay snapshot's directory (the
+// parent of the upper and work dirs) before the task mounts its root. Writes past the image's
+// size get ENOSPC inside the sandbox; the host's filesystem only ever holds the image's written
+// blocks. Each image has its own UUID, so its own fanotify fsid: the change tracker marks it
+// like any other filesystem. The loop device is auto-cleared when the filesystem is unmounted
+// (destroy).
+
+const diskImage = "disk.img"
+
+// mkfsArgs make an ext4 without journal (a sandbox's layer does not outlive a host crash),
+// without reserved blocks (root in the sandbox must not write past the limit) and with lazily
+// initialised inode tables (the image is sparse: they read as zeros), in ~20 ms for 10 GiB.
+var mkfsArgs = []string{"-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0",
+	"-O", "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,nodiscard"}
+
+// pendingDisk is a disk image being made in the background.
+type pendingDisk struct {
+	img  string
+	size int64 // 0: no disk limit
+	done chan error
+}
+
+// prepareDisk starts making the image of a sandbox disk of size bytes (none when 0), so that
+// mkfs runs while the container and its network are set up.
+func (r *runtime) prepareDisk(ctx context.Context, cid string, size int64) *pendingDisk {
+	d := &pendingDisk{img: filepath.Join(r.containerDir(cid), diskImage), size: size, done: make(chan error, 1)}
+	if size == 0 {
+		d.done <- nil
+		return d
+	}
+	go func() { d.done <- makeImage(ctx, d.img, size) }()
+	return d
+}
+
+// wait returns the outcome of making the image (the first call; nil afterwards).
+func (d *pendingDisk) wait() error {
+	err, ok := <-d.done
+	if ok {
+		close(d.done)
+	}
+	return err
+}
+
+// attachDisk mounts the prepared disk under the sandbox's writable layer.
+func (r *runtime) attachDisk(ctx context.Context, cid string, l Layout, d *pendingDisk) (retErr error) {
+	if err := d.wait(); err != nil || d.size == 0 {
+		return err
+	}
+	size, img := d.size, d.img
+	snap, err := snapshotDir(l)
+	if err != nil {
+		return err
+	}
+	dirs, err := statDirs(snap, ".", "fs", "work")
+	if err != nil {
+		return err
+	}
+	dev, err := attachLoop(img)
+	if err != nil {
+		return err
+	}
+	defer dev.Close() // the mount holds the device; auto-clear frees it at unmount
+	if err := unix.Mount(dev.Name(), snap, "ext4", 0, "noinit_itable"); err != nil {
+		return fmt.Errorf("mount disk of %s (%s) on %s: %w", cid, dev.Name(), snap, err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = unix.Unmount(snap, unix.MNT_DETACH)
+		}
+	}()
+	for name, st := range dirs {
+		p := filepath.Join(snap, name)
+		if err := os.Mkdir(p, os.FileMode(st.Mode&0o7777)); err != nil && name != "." {
+			return fmt.Errorf("disk of %s: %w", cid, err)
+		}
+		if err := os.Chown(p, int(st.Uid), int(st.Gid)); err != nil {
+			return fmt.Errorf("disk of %s: %w", cid, err)
+		}
+		if err := os.Chmod(p, os.FileMode(st.Mode&0o7777)); err != nil { // past the umask
+			return fmt.Errorf("disk of %s: %w", cid, err)
+		}
+	}
+	log.L(ctx).Debug("sandbox disk attached", "container", cid, "bytes", size, "device", dev.Name())
+	return nil
+}
+
+// snapshotDir returns the directory holding the overlay upper dir (the snapshot's own).
+func snapshotDir(l Layout) (string, error) {
+	snap := filepath.Dir(l.Upper)
+	if filepath.Base(l.Upper) != "fs" || snap == "/" {
+		return "", fmt.Errorf("overlay upper dir %s is not a snapshotter's <id>/fs: a disk limit needs the overlayfs snapshotter: %w", l.Upper, errdefs.ErrFailedPrecondition)
+	}
+	return snap, nil
+}
+
+func statDirs(parent string, names ...string) (map[string]*syscall.Stat_t, error) {
+	out := map[string]*syscall.Stat_t{}
+	for _, n := range names {
+		fi, err := os.Stat(filepath.Join(parent, n))
+		if err != nil {
+			return nil, fmt.Errorf("snapshot dir: %w", err)
+		}
+		out[n] = fi.Sys().(*syscall.Stat_t)
+	}
+	return out, nil
+}
+
+func makeImage(ctx context.Context, path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("create disk image: %w", err)
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("size disk image %s: %w", path, err)
+	}
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", append(mkfsArgs, path)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mkfs.ext4 %s: %v: %s (install e2fsprogs, or set [sandbox] disk = \"0\"): %w", path, err, tail(out, 300), errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// attachLoop binds img to a free loop device (direct I/O when the backing filesystem allows
+// it, so pages are not cached twice) that frees itself when its last user goes.
+func attachLoop(img string) (*os.File, error) {
+	backing, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer backing.Close()
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("loop devices: %w (a disk limit needs the loop module): %w", err, errdefs.ErrFailedPrecondition)
+	}
+	defer ctl.Close()
+	for range 16 { // another process may take the free device between the two calls
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return nil, fmt.Errorf("find a free loop device: %w", err)
+		}
+		dev, err := os.OpenFile("/dev/loop"+strconv.Itoa(n), os.O_RDWR, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open loop device: %w", err)
+		}
+		cfg := unix.LoopConfig{Fd: uint32(backing.Fd()), Size: 4096,
+			Info: unix.LoopInfo64{Flags: unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO}}
+		err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
+		if errors.Is(err, unix.EINVAL) { // no direct I/O on this backing filesystem
+			cfg.Size, cfg.Info.Flags = 0, unix.LO_FLAGS_AUTOCLEAR
+			err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
+		}
+		if err == nil {
+			return dev, nil
+		}
+		dev.Close()
+		if !errors.Is(err, unix.EBUSY) {
+			return nil, fmt.Errorf("attach %s to a loop device: %w", img, err)
+		}
+	}
+	return nil, fmt.Errorf("attach %s: no free loop device: %w", img, errdefs.ErrUnavailable)
+}
+
+// detachDisk unmounts the sandbox's disk, if it has one; the loop device clears itself.
+func detachDisk(l Layout) error {
+	snap, err := snapshotDir(l)
+	if err != nil {
+		return nil // no disk on such a layout
+	}
+	if mounted, err := isMountPoint(snap); err != nil || !mounted {
+		return err
+	}
+	if err := unix.Unmount(snap, 0); err != nil {
+		if err := unix.Unmount(snap, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount disk %s: %w", snap, err)
+		}
+	}
+	return nil
+}
+
+func isMountPoint(dir string) (bool, error) {
+	var st, parent unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, err
+	}
+	if err := unix.Lstat(filepath.Dir(dir), &parent); err != nil {
+		return false, err
+	}
+	return st.Dev != parent.Dev, nil
+}
+
+// UnmountDisks unmounts every sandbox disk whose image lies in containersDir (a pool root's
+// "containers" directory) and whose container keep does not name (nil: all of them). Disks
+// of containers deleted behind the daemon's back (ctr, a test's cleanup) are found this way.
+func UnmountDisks(containersDir string, keep func(cid string) bool) error {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, line := range strings.Split(string(data), "\n") {
+		mp, src, ok := loopMount(line)
+		if !ok {
+			continue
+		}
+		backing, err := os.ReadFile("/sys/block/" + strings.TrimPrefix(src, "/dev/") + "/loop/backing_file")
+		if err != nil {
+			continue
+		}
+		img := strings.TrimSuffix(strings.TrimSpace(string(backing)), " (deleted)")
+		cid := filepath.Base(filepath.Dir(img))
+		if filepath.Base(img) != diskImage || filepath.Dir(filepath.Dir(img)) != filepath.Clean(containersDir) || (keep != nil && keep(cid)) {
+			continue
+		}
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount disk of %s at %s: %w", cid, mp, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// loopMount returns the mount point and source of a mountinfo line of an ext4 filesystem on
+// a loop device.
+func loopMount(line string) (mountPoint, source string, ok bool) {
+	f := strings.Fields(line)
+	for i := 6; i+2 < len(f); i++ {
+		if f[i] == "-" {
+			if f[i+1] != "ext4" || !strings.HasPrefix(f[i+2], "/dev/loop") || len(f) < 5 {
+				return "", "", false
+			}
+			return unescapeMountinfo(f[4]), f[i+2], true
+		}
+	}
+	return "", "", false
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space and the like).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
