@@ -325,3 +325,35 @@ func TestFaultsDestroyRetried(t *testing.T) {
 	}
 	d.t = t
 }
+
+// TestFaultsRollbackFails: a rollback step that fails (as on a full disk) after the files
+// were rewritten leaves the rollback pending, never torn for good: the sandbox runs, state
+// patches are refused, the next checkpoint finishes the rollback first, and the rolled-back
+// effect is never sent.
+func TestFaultsRollbackFails(t *testing.T) {
+	u := startUpstream(t)
+	d := egressDaemon(t, u, pythonImage, 1, "")
+	id := d.lease("net", noProxyBypass...).ID
+	var target api.Checkpoint
+	d.cliJSON(&target, "checkpoint", "create", id)
+	d.cli("exec", id, "--", "sh", "-c", "echo dirty > /root/step")
+	d.cli("state", "patch", id, `[{"op":"add","path":"/step","value":"dirty"}]`)
+	d.holdPost(id, u.plain.URL+"/pending")
+	d.restartWith("rollback/after-files=1*error")
+	_, errOut, code := d.cliRaw("rollback", id, "--to", target.ID)
+	if code == 0 || !strings.Contains(errOut, "pending") {
+		t.Fatalf("failed rollback: exit %d, %q; want an error saying it is pending", code, errOut)
+	}
+	if _, errOut, code := d.cliRaw("state", "patch", id, `[{"op":"add","path":"/more","value":1}]`); code == 0 || !strings.Contains(errOut, "pending rollback") {
+		t.Fatalf("state patch during a pending rollback: exit %d, %q", code, errOut)
+	}
+	d.cli("exec", id, "--timeout", "10s", "--", "true") // not frozen
+	d.cli("checkpoint", "create", id)                    // finishes the rollback first
+	if _, _, code := d.cliRaw("exec", id, "--", "test", "-e", "/root/step"); code == 0 || strings.Contains(d.stateDoc(id), "dirty") {
+		t.Fatalf("pending rollback not finished by the next checkpoint: state %s", d.stateDoc(id))
+	}
+	d.cli("commit", id)
+	if n := u.count("POST /pending"); n != 0 || d.effectStatus(id, u.plain.URL+"/pending") != "dropped" {
+		t.Fatalf("effect of the pending rollback: sent %d times, %s", n, d.effectStatus(id, u.plain.URL+"/pending"))
+	}
+}
