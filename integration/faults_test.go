@@ -348,7 +348,7 @@ func TestFaultsRollbackFails(t *testing.T) {
 		t.Fatalf("state patch during a pending rollback: exit %d, %q", code, errOut)
 	}
 	d.cli("exec", id, "--timeout", "10s", "--", "true") // not frozen
-	d.cli("checkpoint", "create", id)                    // finishes the rollback first
+	d.cli("checkpoint", "create", id)                   // finishes the rollback first
 	if _, _, code := d.cliRaw("exec", id, "--", "test", "-e", "/root/step"); code == 0 || strings.Contains(d.stateDoc(id), "dirty") {
 		t.Fatalf("pending rollback not finished by the next checkpoint: state %s", d.stateDoc(id))
 	}
