@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -52,6 +53,16 @@ func (f *fakeFiles) Prepare(_ context.Context, req overlay.CaptureRequest) (pend
 	return &fakePending{f: f, id: req.ID}, nil
 }
 func (f *fakeFiles) Rollback(_ context.Context, req overlay.RollbackRequest) (*overlay.RollbackResult, error) {
+	var damage *overlay.DamageError
+	if err := f.failRoll; errors.As(err, &damage) { // found while planning: nothing written
+		f.failRoll = nil
+		return nil, err
+	}
+	if req.BeforeWrite != nil {
+		if err := req.BeforeWrite(); err != nil {
+			return nil, err
+		}
+	}
 	if err := f.failRoll; err != nil {
 		f.failRoll = nil
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/overlay"
 )
 
 func TestRollbackTargetCommitPointAndForce(t *testing.T) {
@@ -299,5 +301,30 @@ func waitFor(t *testing.T, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not reached in 5 s")
 		}
+	}
+}
+
+// TestRollbackToDamagedCheckpointChangesNothing: a rollback whose target's stored contents
+// are damaged is refused (data_loss, naming it) before any step: no process stopped, no
+// effect dropped, nothing pending; the sandbox goes on, and other rollbacks work.
+func TestRollbackToDamagedCheckpointChangesNothing(t *testing.T) {
+	r := newRig(t, 64)
+	c2 := r.checkpoint()
+	r.patch()
+	r.fx.hold()
+	seq := r.st.Seq()
+	r.fs.failRoll = &overlay.DamageError{Checkpoint: c2, Path: "root/f", Reason: "xxh3 mismatch"}
+	_, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2})
+	if !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "checkpoint "+c2+" is damaged") {
+		t.Fatalf("rollback to a damaged checkpoint = %v", err)
+	}
+	if r.s.pending != nil || r.fx.status(1) != "held" || r.st.Seq() != seq || r.frz.isFrozen() {
+		t.Fatalf("refused rollback changed something: pending %v, effect %s, seq %d (was %d)", r.s.pending, r.fx.status(1), r.st.Seq(), seq)
+	}
+	if _, err := r.o.StatePatch(context.Background(), "sb", nil, nil); err != nil {
+		t.Fatalf("patch after a refused rollback = %v", err)
+	}
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); err != nil {
+		t.Fatalf("rollback once the damage is gone = %v", err)
 	}
 }

@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"syscall"
 	"time"
@@ -108,6 +109,12 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		return 0, err
 	}
 	err := o.applyRollback(ctx, s, in, res)
+	if record && errors.Is(err, errNothingChanged) { // refused before any step: not pending
+		if cerr := s.intents.clear(); cerr == nil {
+			s.pending = nil
+			return 0, err
+		}
+	}
 	if err == nil {
 		err = s.intents.clear()
 	}
@@ -139,22 +146,24 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	if err != nil {
 		return err
 	}
-	if res.ProcessesStopped, err = killNewer(procs, target.Procs, int(s.sb.InitPid)); err != nil {
-		return err
-	}
-	if res.EffectsDropped, err = o.dropEffects(ctx, s, in.Watermark); err != nil {
-		return fmt.Errorf("drop effects: %w", err)
-	}
-	if err := failpoint.Inject("rollback/after-effects"); err != nil {
-		return err
-	}
 	merged, closeRoot, err := s.merged()
 	if err != nil {
 		return err
 	}
+	// Processes and effects go only once the files' rollback is known to be possible (its
+	// contents opened and checked): a damaged target changes nothing (errNothingChanged).
+	began := false
 	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: merged, Upper: s.sb.Layout.Upper,
-		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs))})
+		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs)),
+		BeforeWrite: func() error {
+			began = true
+			return o.stopNewer(ctx, s, in, target, procs, res)
+		}})
 	closeRoot()
+	var damage *overlay.DamageError
+	if !began && errors.As(err, &damage) {
+		return fmt.Errorf("restore files: %w (%w)", err, errNothingChanged)
+	}
 	if err != nil {
 		return fmt.Errorf("restore files: %w", err)
 	}
@@ -179,6 +188,23 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 		return err
 	}
 	return failpoint.Inject("rollback/before-clear")
+}
+
+// errNothingChanged marks a rollback refused before it changed anything (its target's stored
+// contents are damaged): its intent is cleared instead of left pending.
+var errNothingChanged = errors.New("nothing was changed")
+
+// stopNewer stops the processes started since the target and drops its later effects (first:
+// they may never be committed). The sandbox is frozen.
+func (o *Orchestrator) stopNewer(ctx context.Context, s *session, in rollbackIntent, target ckptRecord, procs []pool.Proc, res *api.RollbackResult) error {
+	var err error
+	if res.ProcessesStopped, err = killNewer(procs, target.Procs, int(s.sb.InitPid)); err != nil {
+		return err
+	}
+	if res.EffectsDropped, err = o.dropEffects(ctx, s, in.Watermark); err != nil {
+		return fmt.Errorf("drop effects: %w", err)
+	}
+	return failpoint.Inject("rollback/after-effects")
 }
 
 // dropEffects drops the held effects after watermark. It asks the proxy only when there is

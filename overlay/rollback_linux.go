@@ -75,6 +75,11 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 		return nil, err
 	}
 	defer pl.close()
+	if req.BeforeWrite != nil {
+		if err := req.BeforeWrite(); err != nil {
+			return nil, err
+		}
+	}
 	if err := pl.apply(fds.merged); err != nil {
 		return nil, err
 	}

@@ -111,6 +111,11 @@ type RollbackRequest struct {
 	Lower  []string  // the lower dirs, topmost first
 	Target string    // checkpoint to restore
 	Open   OpenFiles // as in CaptureRequest
+	// BeforeWrite, when set, runs once the rollback is worked out and every content it needs
+	// is open and has passed its digest check, just before the first write; its error stops
+	// the rollback with nothing written. A rollback that fails before it (a damaged target:
+	// DamageError) has changed nothing.
+	BeforeWrite func() error
 }
 
 // RollbackResult lists what a rollback restored.
