@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/pool/initproto"
 )
 
 // TestDumpLeavesRunningRestoreInPlace dumps a counter while it runs, shows it keeps counting,
@@ -143,17 +144,21 @@ func TestFileLocksNeedConfig(t *testing.T) {
 const inotifyScript = `exec python3 -c 'import ctypes,time; c=ctypes.CDLL(None); fd=c.inotify_init(); w=c.inotify_add_watch(fd, b"/tmp", 0x100); open("/tmp/watching","w").write(str(w)); time.sleep(1e6)'`
 
 // TestInotifyOverlayIsFailedPrecondition: CRIU <= 4.2 cannot dump inotify watches on
-// overlayfs; Dump says so clearly.
+// overlayfs; Dump refuses before CRIU runs and names the watching process.
 func TestInotifyOverlayIsFailedPrecondition(t *testing.T) {
 	e := newEnv(t)
+	if v := e.cp.Status(e.ctx).Version; v >= inotifyFixVersion {
+		testutil.SkipOrFail(t, "CRIU %d is assumed to dump inotify watches on overlayfs; nothing to refuse", v)
+	}
 	sb := e.newSandbox(t, pythonImage, inotifyScript, Options{})
 	waitFile(t, sb, "/tmp/watching")
-	_, err := e.cp.Dump(e.ctx, sb.id, filepath.Join(t.TempDir(), "images"))
-	if err == nil {
-		t.Skip("this CRIU dumped an inotify watch on overlayfs (fixed after 4.2?)")
+	images := filepath.Join(t.TempDir(), "images")
+	_, err := e.cp.Dump(e.ctx, sb.id, images)
+	if !errors.Is(err, ErrInotifyOverlay) || !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "(python3, host pid") {
+		t.Fatalf("want ErrInotifyOverlay + FailedPrecondition naming the python3 process, got %v", err)
 	}
-	if !errors.Is(err, ErrInotifyOverlay) || !errdefs.IsFailedPrecondition(err) {
-		t.Fatalf("want ErrInotifyOverlay + FailedPrecondition, got %v", err)
+	if _, serr := os.Stat(filepath.Join(images, DumpLog)); serr == nil {
+		t.Fatalf("CRIU ran although the pre-check refused the dump: %v", err)
 	}
 	t.Logf("inotify: %v", err)
 	if st, err := sb.task.Status(e.ctx); err != nil || st.Status != "running" {
@@ -202,4 +207,70 @@ func TestHostConnectionBlocksDump(t *testing.T) {
 		_, err := e.cp.Dump(e.ctx, sb.id, filepath.Join(t.TempDir(), "images"))
 		return err == nil
 	})
+}
+
+// daemonScript double-forks a counter: the session leader exits, the counter is reparented
+// to init in a session without a leader, so CRIU must fork a session helper from init.
+const daemonScript = `setsid sh -c 'i=0; while true; do i=$((i+1)); printf "%011d\n" $i | dd of=/tmp/count bs=12 count=1 conv=notrunc 2>/dev/null; sleep 0.05; done & exit 0'`
+
+// TestDaemonizedTreeNeedsParkedInit: with a daemonized process reparented to init, an init
+// that still holds its listening socket is refused at dump time (CRIU 4.1.1 would dump it and
+// then fail the restore with "Can't setns .../mnt"); parked, the tree dumps, restores under a
+// new ID and continues, and the unparked init answers in both containers.
+func TestDaemonizedTreeNeedsParkedInit(t *testing.T) {
+	e := newEnv(t)
+	if v := e.cp.Status(e.ctx).Version; v >= helperFixVersion {
+		testutil.SkipOrFail(t, "CRIU %d forks helpers without CLONE_FS: nothing to refuse", v)
+	}
+	src := e.newSandbox(t, busyboxImage, daemonScript, Options{TCPEstablished: true})
+	src.waitCount(t, "daemon to count", func(n int) bool { return n > 5 })
+	_, err := e.cp.Dump(e.ctx, src.id, filepath.Join(t.TempDir(), "images"))
+	if !errors.Is(err, ErrHelperWithUnixSocket) || !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "process 1 (init") {
+		t.Fatalf("dump with a listening init: want ErrHelperWithUnixSocket naming process 1, got %v", err)
+	}
+	t.Logf("listening init: %v", err)
+
+	dst := e.newContainer(t, busyboxImage, daemonScript, Options{TCPClose: true})
+	park(t, e, src)
+	images := filepath.Join(t.TempDir(), "images")
+	if err := src.task.Pause(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cp.Dump(e.ctx, src.id, images); err != nil {
+		t.Fatal(err)
+	}
+	dumped := src.count()
+	copyTree(t, e.upperDir(t, src.id), e.upperDir(t, dst.id))
+	if err := src.task.Resume(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	unpark(t, e, src)
+	e.restore(t, dst, images)
+	unpark(t, e, dst)
+	n := dst.waitCount(t, "restored daemon to continue", func(n int) bool { return n > dumped })
+	if n > dumped+20 {
+		t.Fatalf("restored daemon at %d, dumped at %d", n, dumped)
+	}
+	src.waitCount(t, "original daemon to keep counting", func(n int) bool { return n > dumped+5 })
+}
+
+// park parks sb's init and waits until it holds no bound socket.
+func park(t *testing.T, e *env, sb *sandbox) {
+	t.Helper()
+	if err := initproto.New(filepath.Join(sb.runDir, "init.sock")).Park(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, time.Millisecond, "init to close its listener", func() bool {
+		socks, err := BoundUnixSockets(int(sb.task.Pid()))
+		return err == nil && len(socks) == 0
+	})
+}
+
+// unpark unparks sb's init and waits until it answers.
+func unpark(t *testing.T, e *env, sb *sandbox) {
+	t.Helper()
+	if err := unix.Kill(int(sb.task.Pid()), initproto.UnparkSignal); err != nil {
+		t.Fatal(err)
+	}
+	e.waitInit(t, sb)
 }

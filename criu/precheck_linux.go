@@ -68,7 +68,7 @@ func Precheck(root int, st Status) (PrecheckResult, error) {
 		}
 	}
 	if st.Version < helperFixVersion {
-		if err := checkHelpers(tree); err != nil {
+		if err := checkHelpers(tree, BoundUnixSockets); err != nil {
 			return res, err
 		}
 	}
@@ -206,7 +206,7 @@ func children(pid int) ([]int, error) {
 //     or the root when the leader is gone (that helper then also leads the session's group);
 //   - for a process group whose leader is gone and that no such session helper leads: the
 //     group's first process in CRIU's order.
-func checkHelpers(tree []proc) error {
+func checkHelpers(tree []proc, bound func(pid int) ([]string, error)) error {
 	if len(tree) == 0 {
 		return nil
 	}
@@ -216,12 +216,16 @@ func checkHelpers(tree []proc) error {
 		byPid[p.pid] = p
 	}
 	check := func(parent proc, why string) error {
-		socks, err := BoundUnixSockets(parent.pid)
+		socks, err := bound(parent.pid)
 		if err != nil || len(socks) == 0 {
 			return err
 		}
-		return fmt.Errorf("%s holds the unix socket bound at %s, and CRIU must fork a helper from it to restore %s: %w (checkpoint-restore/criu#2687); start such a server in its own process group and session (setsid, or as an exec's own command rather than `cmd &` in a shell that exits), or use an abstract socket: %w",
-			parent, socks[0], why, ErrHelperWithUnixSocket, errdefs.ErrFailedPrecondition)
+		hint := "start such a server in its own process group and session (setsid, or as an exec's own command rather than `cmd &` in a shell that exits), or use an abstract socket"
+		if parent.pid == root.pid {
+			hint = "the sandbox's init must be parked (initproto.OpPark) before the dump"
+		}
+		return fmt.Errorf("%s holds the unix socket bound at %s, and CRIU must fork a helper from it to restore %s: %w (checkpoint-restore/criu#2687); %s: %w",
+			parent, socks[0], why, ErrHelperWithUnixSocket, hint, errdefs.ErrFailedPrecondition)
 	}
 	led := map[int]bool{} // groups led by a session helper or already given a group helper
 	for _, p := range tree[1:] {
