@@ -216,3 +216,54 @@ func TestEscapeDeviceSwappedInDuringCopy(t *testing.T) {
 	}
 	d.cli("info")
 }
+
+// initPidOf finds the host pid of the init of container cid (PID 1 of its pid namespace).
+func initPidOf(t *testing.T, cid string) int {
+	t.Helper()
+	var found int
+	testutil.WaitFor(t, 10*time.Second, 20*time.Millisecond, "the init of "+cid, func() bool {
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			cg, _ := os.ReadFile("/proc/" + e.Name() + "/cgroup")
+			status, _ := os.ReadFile("/proc/" + e.Name() + "/status")
+			if strings.Contains(string(cg), cid) && strings.Contains(string(status), "\nNSpid:\t"+e.Name()+"\t1\n") {
+				found = pid
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// TestEscapeReadySandboxWhoseInitDiesIsDestroyed: a ready (unleased) sandbox whose init dies
+// is taken out of the pool and destroyed at once; the next lease gets a working sandbox.
+func TestEscapeReadySandboxWhoseInitDiesIsDestroyed(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("ready", busyboxImage, 1, "--max", "2")
+	entries, err := os.ReadDir(filepath.Join(d.root, "pool", "containers"))
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("want one container dir: %v %v", entries, err)
+	}
+	cid := entries[0].Name()
+	if err := syscall.Kill(initPidOf(t, cid), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, 20*time.Millisecond, "the dead ready sandbox to be destroyed", func() bool {
+		_, err := os.Stat(filepath.Join(d.root, "pool", "containers", cid))
+		return os.IsNotExist(err)
+	})
+	mustContain(t, "daemon log", d.logs.String(), "sandbox fenced: its init exited while it was ready")
+	d.waitReady("ready", 1, 60*time.Second)
+	l := d.lease("ready")
+	if l.Container == cid {
+		t.Fatalf("the sandbox whose init died was leased")
+	}
+	if out := d.cli("exec", l.ID, "--", "echo", "ok"); out != "ok\n" {
+		t.Fatalf("exec in the new sandbox: %q", out)
+	}
+}
