@@ -55,18 +55,33 @@
 // files. CheckCompatible refuses images from a newer CRIU, another architecture or another page
 // size before CRIU sees them.
 //
+// # Pre-dump check
+//
+// Dump first runs Precheck on the (paused) task's process tree, read from /proc: shapes that
+// CRIU would dump but not restore, or fail to dump with an obscure error, are refused with
+// errdefs.ErrFailedPrecondition naming the process (see docs/l3-process-shapes.md). After the
+// dump it re-arms periodic timers that expired while the task was frozen (CRIU would restore
+// them disarmed) and records in Meta whether all TCP connections ran over loopback, which
+// NewIdentityOptions uses to keep them established under a new identity.
+//
 // # Limitations
 //
 //   - No pre-dump or incremental memory dumps: soft-dirty tracking is off on the target
 //     kernels, so every dump writes all memory.
 //   - Processes with inotify watches on overlayfs cannot be dumped by CRIU <= 4.2 (file
-//     watchers in node, IDEs, ...): Dump returns ErrInotifyOverlay, classed
-//     errdefs.ErrFailedPrecondition.
+//     watchers in node, IDEs, ...): Dump refuses them with ErrInotifyOverlay.
+//   - CRIU < 4.2 cannot restore a path-bound unix socket in a process it forks a session or
+//     group helper from: Dump refuses that with ErrHelperWithUnixSocket. The sandbox init,
+//     which every daemonized process is reparented to, must therefore be parked (its
+//     listener closed, see initproto.OpPark) during the dump; the caller does that.
+//   - CRIU < 4.2 cannot dump TCP or UDP sockets on Linux >= 6.16: Dump refuses them with
+//     ErrInetSockets (InetSocketsDumpable probes the kernel).
 //   - A unix connection from the host into the sandbox (e.g. a client of the init socket)
 //     open during a dump is an external unix socket: CRIU fails the dump. Close host
 //     connections first (the ext-unix-sk option would dump them, but they come back broken).
-//     A listening socket, and connections between sandbox processes, are fine.
-//   - Established TCP connections need tcp-established (same IP) or tcp-close (new identity);
-//     never restore tcp-established connections into a clone.
+//     Connections between sandbox processes are fine.
+//   - Established TCP connections need tcp-established (same IP, or loopback only) or
+//     tcp-close (new identity); never restore tcp-established connections to peers outside
+//     the sandbox into a clone.
 //   - Open files must match in size on restore: capture the rootfs while the task is frozen.
 package criu
