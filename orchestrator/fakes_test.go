@@ -175,6 +175,7 @@ type fakeEffects struct {
 	sent     map[uint64]int
 	ckpt     string
 	onCommit func(upto uint64) error // runs before sending
+	forgot   []string
 }
 
 func newFakeEffects() *fakeEffects { return &fakeEffects{sent: map[uint64]int{}} }
@@ -236,7 +237,12 @@ func (e *fakeEffects) List(_ context.Context, _ string, from, to uint64) ([]api.
 	}
 	return out, nil
 }
-func (e *fakeEffects) Forget(context.Context, string) error { return nil }
+func (e *fakeEffects) Forget(_ context.Context, sandbox string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.forgot = append(e.forgot, sandbox)
+	return nil
+}
 
 func (e *fakeEffects) status(seq uint64) string {
 	e.mu.Lock()
