@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/orchestrator/snapsign"
 	"github.com/deltabox/deltabox/pool"
 )
@@ -159,6 +161,11 @@ func TestEscapeSnapshotSignatures(t *testing.T) {
 	trusting.createPool("py", pythonImage, 0)
 	if _, err := trusting.client().Restore(ctx, snap.URI, "", nil); err != nil {
 		t.Fatalf("node trusting %s: restore: %v", nodeKey, err)
+	}
+	var info api.Info
+	trusting.cliJSON(&info, "info")
+	if !slices.Contains(info.Snapshots.Trusted, nodeKey) || len(info.Snapshots.Trusted) != 2 || info.Snapshots.SigningKey == nodeKey {
+		t.Errorf("info of the trusting node: %+v, want its own key and %s trusted", info.Snapshots, nodeKey)
 	}
 	stranger := startDaemon(t)
 	stranger.createPool("py", pythonImage, 0)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/deltabox/deltabox/internal/version"
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/orchestrator/snapsign"
 	"github.com/deltabox/deltabox/overlay"
 	"github.com/deltabox/deltabox/pool"
 )
@@ -31,6 +32,8 @@ func (o *Orchestrator) Info(ctx context.Context) (api.Info, error) {
 		Namespace: o.opts.Namespace,
 		Store:     api.ObjectStore{URI: o.opts.ObjectStoreURI},
 		Sandbox:   api.SandboxDefaults{Isolation: apiIsolation(pool.SandboxIsolation()), Limits: apiLimits(o.opts.SandboxDefaults)},
+		Snapshots: api.SnapshotTrust{SigningKey: snapsign.Fingerprint(o.signer.Public()),
+			PublicKey: snapsign.Inline(o.signer.Public()), Trusted: o.trust.Trusted()},
 	}
 	return info, nil
 }

@@ -63,6 +63,7 @@ func printInfo(w io.Writer, r infoResult) {
 	row("Sandbox user namespace", "%t", iso.UserNamespace)
 	row("Sandbox capabilities", "%s", strings.Join(iso.Capabilities, " "))
 	row("Sandbox default limits", "%s", limitsText(r.Sandbox.Limits))
+	row("Snapshot key", "%s (%s); trusted: %d", r.Snapshots.SigningKey, r.Snapshots.PublicKey, len(r.Snapshots.Trusted))
 }
 
 func orNone(s string) string {

@@ -18,7 +18,16 @@ type Info struct {
 	Namespace  string      `json:"namespace"`
 	Store      ObjectStore `json:"object_store"`
 	// Sandbox is the isolation every sandbox gets and the limits of those whose pool sets none.
-	Sandbox SandboxDefaults `json:"sandbox"`
+	Sandbox   SandboxDefaults `json:"sandbox"`
+	Snapshots SnapshotTrust   `json:"snapshots"`
+}
+
+// SnapshotTrust is the key this node signs snapshot manifests with and the keys whose
+// snapshots it restores (fingerprints, "SHA256:..."; its own included).
+type SnapshotTrust struct {
+	SigningKey string   `json:"signing_key"`
+	PublicKey  string   `json:"public_key"` // inline form, for other nodes' [snapshots] trusted_keys
+	Trusted    []string `json:"trusted"`
 }
 
 // SandboxDefaults is the isolation in force for sandboxes and the node's default limits.
