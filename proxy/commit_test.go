@@ -245,3 +245,44 @@ func TestNextAttemptIsShownWhileWaiting(t *testing.T) {
 		t.Fatalf("next attempt still shown after the commit: %+v", eff)
 	}
 }
+
+// TestCommitDoesNotHoldTheSandbox: while a commit (or a resumed one) waits on a hung
+// upstream, the sandbox holds new effects and rolls them back without waiting for it, and a
+// rollback never drops what the commit took.
+func TestCommitDoesNotHoldTheSandbox(t *testing.T) {
+	u := newFaultUpstream(t, "hang", true)
+	e := newEnv(t, WithCommitRetry(1, time.Millisecond), WithCommitTimeout(5*time.Second))
+	e.register(2, "sb-a", "version: 1\nrules:\n  - {host: 127.0.0.1, action: hold}\n")
+	c := e.client(2)
+	first := holdPOST(t, c, u.URL+"/first", "1")
+	done := make(chan error, 1)
+	go func() { _, err := e.p.Commit(e.ctx, "sb-a"); done <- err }()
+	waitFor(t, "the commit to send", func() bool { keys, _ := u.seenKeys(); return len(keys) == 1 })
+	wm := e.p.Watermark("sb-a")
+	later := holdPOST(t, c, u.URL+"/later", "2")
+	resume := make(chan error, 1)
+	go func() { resume <- e.p.ResumeCommits(e.ctx) }() // as at start, in the background
+	start := time.Now()
+	dropped, _, err := e.p.Rollback(e.ctx, "sb-a", wm)
+	if err != nil || dropped != 1 || time.Since(start) > time.Second {
+		t.Fatalf("rollback during a hung commit: %d dropped, %v, after %s", dropped, err, time.Since(start))
+	}
+	if eff, _ := e.p.Effect("sb-a", later); eff.Status != StatusDropped {
+		t.Fatalf("later effect %+v", eff)
+	}
+	if dropped, _, _ := e.p.Rollback(e.ctx, "sb-a", 0); dropped != 0 { // forced past the commit
+		t.Fatalf("a rollback dropped %d effects a commit had taken", dropped)
+	}
+	if eff, _ := e.p.Effect("sb-a", first); eff.Status != StatusSending {
+		t.Fatalf("effect in flight %+v", eff)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-resume; err != nil {
+		t.Fatal(err)
+	}
+	if eff, _ := e.p.Effect("sb-a", first); eff.Status != StatusFailed || !strings.Contains(eff.Error, "no answer within 5s") {
+		t.Fatalf("after the timeout: %+v", eff)
+	}
+}
