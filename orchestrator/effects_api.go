@@ -120,7 +120,7 @@ func (o *Orchestrator) failedEffectsError(ctx context.Context, id string, upto u
 func apiEffect(x proxy.Effect) api.Effect {
 	e := api.Effect{ID: x.ID, Seq: x.Seq, Checkpoint: x.Checkpoint, Method: x.Method, URL: x.URL,
 		Status: string(x.Status), ResponseStatus: x.ResponseStatus, Attempts: x.Attempts, Created: x.Created,
-		Error: x.Error, History: []api.EffectAttempt{}, NextAttempt: x.NextAttempt}
+		Error: x.Error, History: []api.EffectAttempt{}, NextAttempt: x.NextAttempt, Suspect: x.Suspect}
 	for _, a := range x.History {
 		e.History = append(e.History, api.EffectAttempt{Time: a.Time, Status: a.Status, Error: a.Error})
 	}

@@ -39,6 +39,9 @@ type Effect struct {
 	Error          string     `json:"error,omitempty"`        // the last attempt's error
 	History        []Attempt  `json:"history,omitempty"`      // every delivery attempt, oldest first
 	NextAttempt    *time.Time `json:"next_attempt,omitempty"` // while a commit waits to try again
+	// Suspect: the journal is damaged before this effect's state was last recorded, so a lost
+	// record may have changed it (commits of the sandbox are refused; see Proxy.Damage).
+	Suspect bool `json:"suspect,omitempty"`
 }
 
 // Attempt is the outcome of one delivery attempt of an effect (or of its compensation).
@@ -134,6 +137,8 @@ func (p *Proxy) Effects(sandboxID string, statuses ...Status) []Effect {
 	}
 	return out
 }
+
+// snapshot copies are marked Suspect by the journal (journal_scan.go suspects).
 
 // Effect returns one effect; errdefs.ErrNotFound if the sandbox or effect is unknown.
 func (p *Proxy) Effect(sandboxID, effectID string) (Effect, error) {

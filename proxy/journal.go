@@ -368,6 +368,7 @@ func (j *journal) snapshot(pred func(*effectState) bool) []*effectState {
 	for _, st := range j.effects {
 		if pred(st) {
 			c := *st
+			c.Suspect = j.suspect(st)
 			out = append(out, &c)
 		}
 	}

@@ -167,21 +167,27 @@ func (j *journal) seqGaps() []string {
 	return out
 }
 
-// suspects lists the effects a lost record may concern: those held, sending or failed (the
-// ones a commit would send) recorded before the last damaged range. Callers hold j.mu.
+// suspects lists the effects a lost record may concern (suspect). Callers hold j.mu.
 func (j *journal) suspects() []string {
-	if len(j.damaged) == 0 {
-		return nil
-	}
-	last := j.damaged[len(j.damaged)-1].off
 	var out []string
 	for _, st := range j.effects {
-		switch st.Status {
-		case StatusHeld, StatusSending, StatusFailed:
-			if st.off < last {
-				out = append(out, fmt.Sprintf("%s (seq %d, %s)", st.ID, st.Seq, st.Status))
-			}
+		if j.suspect(st) {
+			out = append(out, fmt.Sprintf("%s (seq %d, %s)", st.ID, st.Seq, st.Status))
 		}
 	}
 	return out
+}
+
+// suspect reports whether a lost record may have changed st: it is held, sending or failed
+// (what a commit would send) and was recorded before the last damaged range. Callers hold
+// j.mu.
+func (j *journal) suspect(st *effectState) bool {
+	if len(j.damaged) == 0 {
+		return false
+	}
+	switch st.Status {
+	case StatusHeld, StatusSending, StatusFailed:
+		return st.off < j.damaged[len(j.damaged)-1].off
+	}
+	return false
 }

@@ -99,6 +99,9 @@ func TestJournalCorruptionMatrix(t *testing.T) {
 			if got := effectIDs(e2.p.Effects("sb-a")); len(got) != 2 || got[0] != ids[0] || got[1] != ids[2] {
 				t.Fatalf("effects %v, want the first and the third", got)
 			}
+			if effs := e2.p.Effects("sb-a"); !effs[0].Suspect || effs[1].Suspect {
+				t.Fatalf("suspects %+v: want the effect recorded before the damage only", effs)
+			}
 			err := e2.p.Damage("sb-a")
 			for _, want := range []string{"do not decode", "seq 2 are lost", ids[0] + " (seq 1, held)"} {
 				if err == nil || !strings.Contains(err.Error(), want) {

@@ -89,7 +89,18 @@ func printEffects(w io.Writer, es []api.Effect) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintln(tw, "ID\tSEQ\tCHECKPOINT\tSTATUS\tMETHOD\tURL\tRESPONSE\tATTEMPTS\tNEXT ATTEMPT\tLAST ERROR")
+	suspect := false
+	defer func() {
+		tw.Flush() // the table before the note
+		if suspect {
+			fmt.Fprintln(w, "* the sandbox's effect journal is damaged: a starred status may be wrong and commits are refused;\n  decide each effect with `deltabox effects retry|abandon` (see `deltabox commit` for the damage)")
+		}
+	}()
 	for _, e := range es {
+		status := e.Status
+		if e.Suspect {
+			status, suspect = status+"*", true
+		}
 		next := "-"
 		if e.NextAttempt != nil {
 			next = e.NextAttempt.Format(time.RFC3339)
@@ -98,7 +109,7 @@ func printEffects(w io.Writer, es []api.Effect) {
 		if lastErr == "" {
 			lastErr = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", e.ID, e.Seq, e.Checkpoint, e.Status, e.Method, e.URL,
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", e.ID, e.Seq, e.Checkpoint, status, e.Method, e.URL,
 			e.ResponseStatus, e.Attempts, next, lastErr)
 	}
 }

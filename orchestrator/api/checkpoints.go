@@ -104,6 +104,9 @@ type Effect struct {
 	History []EffectAttempt `json:"history"`
 	// NextAttempt is when a commit that is waiting to try again will (while it waits).
 	NextAttempt *time.Time `json:"next_attempt,omitempty"`
+	// Suspect: the sandbox's effect journal is damaged before this effect's state was last
+	// recorded, so that state may be wrong; commits are refused until the operator decides.
+	Suspect bool `json:"suspect,omitempty"`
 }
 
 // StatePatchResult answers a state patch.
