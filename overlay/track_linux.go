@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -66,7 +67,12 @@ const fanNamespace = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | u
 // maxDirty bounds what a tracker (and the watcher, in changed inodes) keeps between scans:
 // past it the tracker gives up until the next walk, which is then the cheaper scan anyway.
 // A variable for the tests.
-var maxDirty = 1 << 16
+var maxDirty atomic.Int64
+
+func init() { maxDirty.Store(1 << 16) }
+
+// dirtyBound is maxDirty's current value (tests lower it while watchers run).
+func dirtyBound() int { return int(maxDirty.Load()) }
 
 // watcher is the process's fanotify group.
 type watcher struct {
@@ -279,7 +285,7 @@ func (w *watcher) inode(r fidRecord, mask uint64) {
 			w.quiet(r.key, rec)
 		}
 	}
-	if len(w.inodes) > maxDirty {
+	if len(w.inodes) > dirtyBound() {
 		w.shed()
 	}
 }
@@ -344,7 +350,7 @@ func (w *watcher) openHandle(rec *inodeRec) int {
 // stops vouching, so its next capture walks and it needs none of the set, which is pruned.
 // Busy trackers keep vouching. Callers hold w.mu.
 func (w *watcher) shed() {
-	for len(w.inodes) > maxDirty/2 && len(w.trackers) > 0 {
+	for len(w.inodes) > dirtyBound()/2 && len(w.trackers) > 0 {
 		var oldest *tracker
 		for t := range w.trackers {
 			if oldest == nil || t.applied < oldest.applied {
@@ -358,7 +364,7 @@ func (w *watcher) shed() {
 		oldest.applied = w.seq
 		w.prune()
 	}
-	if len(w.inodes) > maxDirty {
+	if len(w.inodes) > dirtyBound() {
 		w.overflow("too many changed inodes between checkpoints")
 	}
 }
@@ -475,7 +481,7 @@ func fsidOf(fd int) (string, error) {
 // not vouch: the events after a walk's drain stay dirty once that walk primes the tracker.
 func (t *tracker) mark(p string, seq uint64) {
 	t.dirty[p] = seq
-	if len(t.dirty) > maxDirty {
+	if len(t.dirty) > dirtyBound() {
 		t.distrust("too many changed paths")
 	}
 }

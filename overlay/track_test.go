@@ -180,8 +180,8 @@ func TestTrackerUnmarksWhenIdle(t *testing.T) {
 // has not captured for longest stops vouching (its next capture walks); the busy store keeps
 // its tracked captures.
 func TestTrackerShedsIdleStore(t *testing.T) {
-	defer func(n int) { maxDirty = n }(maxDirty)
-	maxDirty = 256 // host noise (the packs these captures write, other processes) fits in half
+	defer func(n int64) { maxDirty.Store(n) }(maxDirty.Load())
+	maxDirty.Store(256) // host noise (the packs these captures write, other processes) fits in half
 	idle, busy := newFixture(t, standardLower), newFixture(t, standardLower)
 	for i := 0; i < 200; i++ { // a tree large enough that 40 changes are worth tracking
 		must(t, os.WriteFile(busy.m(fmt.Sprintf("keep/base%d", i)), nil, 0o644))
