@@ -100,7 +100,7 @@ const initParkTimeout = 2 * time.Second
 // init that does not park (one older than parking) is dumped as it is; the dump's pre-check
 // refuses the tree if that socket would break the restore.
 func parkInit(ctx context.Context, sb pool.Sandbox) error {
-	if err := initproto.New(filepath.Join(sb.RunDir, "init.sock")).Park(ctx); err != nil {
+	if err := sb.Init().Park(ctx); err != nil {
 		if errdefs.IsInvalidArgument(err) { // "unknown op": an init older than parking
 			log.L(ctx).Warn("sandbox init cannot park its listener; dumping it listening", "sandbox", sb.ID, "error", err)
 			return nil
@@ -133,11 +133,11 @@ func parkInit(ctx context.Context, sb pool.Sandbox) error {
 func unparkInit(ctx context.Context, sb pool.Sandbox) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), initParkTimeout)
 	defer cancel()
-	if err := syscall.Kill(int(sb.InitPid), initproto.UnparkSignal); err != nil {
+	if err := sb.SignalInit(initproto.UnparkSignal); err != nil {
 		log.L(ctx).Error("unpark sandbox init", "sandbox", sb.ID, "error", err)
 		return
 	}
-	if _, err := initproto.New(filepath.Join(sb.RunDir, "init.sock")).WaitReady(ctx, time.Millisecond); err != nil {
+	if _, err := sb.Init().WaitReady(ctx, time.Millisecond); err != nil {
 		log.L(ctx).Error("unparked sandbox init does not answer", "sandbox", sb.ID, "error", err)
 	}
 }

@@ -145,6 +145,22 @@ func (r *initRef) openRoot() (*os.File, error) {
 	return os.NewFile(uintptr(fd), r.root.Name()), nil
 }
 
+// signal sends sig to the init through its pidfd.
+func (r *initRef) signal(sig unix.Signal) error {
+	if err := r.usable(); err != nil {
+		return err
+	}
+	var serr error
+	raw, err := r.pidfd.SyscallConn()
+	if err == nil {
+		err = raw.Control(func(fd uintptr) { serr = unix.PidfdSendSignal(int(fd), sig, nil, 0) })
+	}
+	if err = errors.Join(err, serr); err != nil {
+		return fmt.Errorf("signal sandbox init (pid %d): %w", r.pid, err)
+	}
+	return nil
+}
+
 // checkPeer accepts the init socket's server only if it is this init, still alive.
 func (r *initRef) checkPeer(pid int32, _, _ uint32) error {
 	if uint32(pid) != r.pid {

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"sort"
+	"syscall"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -68,6 +69,23 @@ func (s Sandbox) OpenRoot() (*os.File, error) {
 		return nil, fmt.Errorf("sandbox %q: %w", s.ID, err)
 	}
 	return f, nil
+}
+
+// Init returns the client of the sandbox's init. It checks that the socket's server is the
+// init (SO_PEERCRED against the pid held by pidfd): never dial the run directory's init.sock
+// with a client of one's own.
+func (s Sandbox) Init() *initproto.Client { return s.initc }
+
+// SignalInit sends sig to the sandbox's init through its pidfd, never by pid number (a pid
+// is reused once the init exits).
+func (s Sandbox) SignalInit(sig syscall.Signal) error {
+	if s.ref == nil {
+		return fmt.Errorf("sandbox %q has no attached init: %w", s.ID, errdefs.ErrFailedPrecondition)
+	}
+	if err := s.ref.signal(sig); err != nil {
+		return fmt.Errorf("sandbox %q: %w", s.ID, err)
+	}
+	return nil
 }
 
 // Usable returns nil while the sandbox's init runs; a failed_precondition error naming why
