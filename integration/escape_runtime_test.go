@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -319,4 +320,53 @@ func diskMounts(t *testing.T, root string) int {
 		}
 	}
 	return n
+}
+
+// inNetNS runs a host command inside sandbox id's network namespace, with the host's full
+// capabilities: an attacker who got CAP_NET_ADMIN/CAP_NET_RAW in its sandbox.
+func inNetNS(t *testing.T, d *daemon, id string, args ...string) (string, error) {
+	t.Helper()
+	var sb api.Sandbox
+	d.cliJSON(&sb, "inspect", id)
+	ns := "/run/netns/" + d.net.name + "-" + sb.Container
+	out, err := exec.Command("nsenter", append([]string{"--net=" + ns, "--"}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// TestEscapeSpoofedSourceRefused: a sandbox that takes another sandbox's address (its own
+// eth0 given the victim's IP, so its ARP requests claim the victim's IP with its own MAC) and
+// posts through the egress proxy does not get the request into the victim's journal: the
+// bridge drops frames whose source IP or MAC is not the port's own. From its real address
+// the same request works, so the path itself is open.
+func TestEscapeSpoofedSourceRefused(t *testing.T) {
+	testutil.RequiresBinary(t, "nsenter")
+	testutil.RequiresBinary(t, "curl")
+	u := startUpstream(t)
+	d := egressDaemon(t, u, busyboxImage, 2, "")
+	victim, attacker := d.lease("net"), d.lease("net")
+	proxy := "http://" + d.net.subnet.Addr().Next().String() + ":3128"
+	post := func(from string) error {
+		out, err := inNetNS(t, d, attacker.ID, "curl", "-sS", "-m", "5", "--interface", from, "-x", proxy, "-X", "POST", "-d", "x=1", u.plain.URL+"/spoofed")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	if err := post(attacker.IP); err != nil {
+		t.Fatalf("POST from the attacker's own address: %v", err)
+	}
+	if _, err := inNetNS(t, d, attacker.ID, "ip", "addr", "add", victim.IP+"/32", "dev", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = inNetNS(t, d, attacker.ID, "ip", "neigh", "flush", "all")
+	err := post(victim.IP)
+	var effects []api.Effect
+	d.cliJSON(&effects, "effects", "ls", victim.ID)
+	if len(effects) != 0 || err == nil {
+		t.Errorf("spoofed POST: error %v, victim's journal %+v (want a failed connection and no effect)", err, effects)
+	}
+	d.cliJSON(&effects, "effects", "ls", attacker.ID)
+	if len(effects) != 1 {
+		t.Errorf("attacker's journal: %+v, want its own POST only", effects)
+	}
 }

@@ -199,6 +199,9 @@ func jumpsFirst(listing string, js []jump) bool {
 
 // remove deletes our jumps and chains; pieces already gone are fine.
 func (f *firewall) remove(ctx context.Context) error {
+	if err := f.unbindPorts(ctx, func(string) bool { return true }); err != nil {
+		return err
+	}
 	for _, c := range f.chains() {
 		if err := f.removeChain(ctx, c); err != nil {
 			return fmt.Errorf("remove %s/%s: %w", c.table, c.name, err)

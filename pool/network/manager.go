@@ -130,6 +130,13 @@ func (m *Manager) attach(ctx context.Context, id, path string) (Attachment, erro
 	if err != nil {
 		return Attachment{}, err
 	}
+	veth, mac, err := sandboxPort(res, m.opts.Bridge)
+	if err != nil {
+		return Attachment{}, err
+	}
+	if err := m.fw.bindPort(ctx, id, veth, ip, mac); err != nil {
+		return Attachment{}, err
+	}
 	return m.attachment(id, ip), nil
 }
 
@@ -151,6 +158,9 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 	}
 	if err := m.cni.Remove(ctx, id, cniPath); err != nil {
 		return fmt.Errorf("tear down network of sandbox %q: CNI del: %w", id, classifyCNI(err))
+	}
+	if err := m.fw.unbindPort(ctx, id); err != nil { // after CNI DEL: the address is free now
+		return fmt.Errorf("tear down network of sandbox %q: %w", id, err)
 	}
 	if err := removeNetNS(path); err != nil {
 		return fmt.Errorf("tear down network of sandbox %q: %w", id, err)
