@@ -157,17 +157,19 @@ func writePublic(path string, pub ed25519.PublicKey) error {
 	return nil
 }
 
-// writeAtomic writes data to path through a synced temp file and a rename.
+// writeAtomic writes data to path through a synced temp file, a rename and a directory sync.
 func writeAtomic(path string, data []byte, mode os.FileMode) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(f.Name())
-	if err := f.Chmod(mode); err == nil {
-		if _, err = f.Write(data); err == nil {
-			err = f.Sync()
-		}
+	err = f.Chmod(mode)
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -175,7 +177,15 @@ func writeAtomic(path string, data []byte, mode os.FileMode) error {
 	if err != nil {
 		return err
 	}
-	return os.Rename(f.Name(), path)
+	if err := os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // Verifier holds the trusted public keys, by fingerprint.
