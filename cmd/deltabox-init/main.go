@@ -34,6 +34,7 @@ const maxLog = 256 << 10
 func main() {
 	socket := flag.String("socket", initproto.DefaultSocketPath, "unix socket to listen on")
 	killTimeout := flag.Duration("kill-timeout", 5*time.Second, "how long to wait for processes to die on kill")
+	parkTimeout := flag.Duration("park-timeout", 30*time.Second, "how long the listener stays parked without an unpark signal")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(initd.LimitWriter(os.Stderr, maxLog), nil)).With("component", "deltabox-init")
 	stopSignals := []os.Signal{syscall.SIGTERM, syscall.SIGINT}
@@ -46,13 +47,13 @@ func main() {
 		logger.Error("harden init", "error", err)
 		os.Exit(1)
 	}
-	if err := run(*socket, *killTimeout, stopSignals, logger); err != nil {
+	if err := run(*socket, *killTimeout, *parkTimeout, stopSignals, logger); err != nil {
 		logger.Error("init failed", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(socket string, killTimeout time.Duration, stopSignals []os.Signal, logger *slog.Logger) error {
+func run(socket string, killTimeout, parkTimeout time.Duration, stopSignals []os.Signal, logger *slog.Logger) error {
 	ctx, stop := context.Background(), func() {}
 	if len(stopSignals) > 0 {
 		ctx, stop = signal.NotifyContext(ctx, stopSignals...)
@@ -61,7 +62,7 @@ func run(socket string, killTimeout time.Duration, stopSignals []os.Signal, logg
 	unpark := make(chan os.Signal, 4)
 	signal.Notify(unpark, initproto.UnparkSignal)
 	srv := initd.New(initd.WithVersion(version), initd.WithKillTimeout(killTimeout), initd.WithLogger(logger),
-		initd.WithUnpark(unpark))
+		initd.WithUnpark(unpark), initd.WithParkTimeout(parkTimeout))
 	l, err := initd.Listen(socket)
 	if err != nil {
 		return err

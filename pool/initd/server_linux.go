@@ -44,7 +44,8 @@ type Server struct {
 	devNull   *os.File
 
 	parkReq chan struct{}  // OpPark requests for the serve loop
-	unpark  chan os.Signal // initproto.UnparkSignal (WithUnpark); nil: a parked init stays parked
+	unpark  chan os.Signal // initproto.UnparkSignal (WithUnpark)
+	parkMax time.Duration  // a parked listener reopens by itself after this (WithParkTimeout)
 
 	handlers sync.WaitGroup
 
@@ -71,6 +72,12 @@ func WithKillTimeout(d time.Duration) Option { return func(s *Server) { s.killTi
 // held open by background processes (default 100ms). Later output is dropped.
 func WithDrainGrace(d time.Duration) Option { return func(s *Server) { s.drainGrace = d } }
 
+// WithParkTimeout bounds how long the listener stays parked without an unpark signal
+// (default 30s): a host that crashed between park and unpark does not leave the init deaf.
+// The time a dump keeps the sandbox frozen counts too, so it only ends the park after the
+// thaw, when the host unparks anyway.
+func WithParkTimeout(d time.Duration) Option { return func(s *Server) { s.parkMax = d } }
+
 // WithUnpark makes a parked Serve listen again when a signal arrives on sig (signal.Notify
 // initproto.UnparkSignal there).
 func WithUnpark(sig chan os.Signal) Option { return func(s *Server) { s.unpark = sig } }
@@ -92,6 +99,7 @@ func New(opts ...Option) *Server {
 		reaper:      newReaper(),
 		execs:       make(map[int]*process),
 		parkReq:     make(chan struct{}, 1),
+		parkMax:     30 * time.Second,
 	}
 	for _, o := range opts {
 		o(s)
@@ -173,20 +181,26 @@ func (s *Server) listening(ctx context.Context, l *net.UnixListener) error {
 	}
 }
 
-// parked waits for an unpark signal and listens again on path; it returns nil when ctx ends
-// first. A failed listen is logged and leaves the init parked until the next unpark.
+// parked waits for an unpark signal (or the park timeout) and listens again on path; it
+// returns nil when ctx ends first. A failed listen is logged and leaves the init parked until
+// the next unpark or timeout.
 func (s *Server) parked(ctx context.Context, path string) *net.UnixListener {
 	for {
+		timeout := time.NewTimer(s.parkMax)
 		select {
 		case <-ctx.Done():
+			timeout.Stop()
 			return nil
 		case <-s.unpark:
-			l, err := Listen(path)
-			if err == nil {
-				return l
-			}
-			s.log.Error("unpark: listen again", "error", err)
+		case <-timeout.C:
+			s.log.Warn("listener parked too long without an unpark; listening again", "after", s.parkMax)
 		}
+		timeout.Stop()
+		l, err := Listen(path)
+		if err == nil {
+			return l
+		}
+		s.log.Error("unpark: listen again", "error", err)
 	}
 }
 

@@ -3,6 +3,9 @@ package initproto_test
 import (
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -58,5 +61,37 @@ func TestParkClosesListenerAndKeepsExecs(t *testing.T) {
 	}
 	if st, o, _ := p.run(t, initproto.ExecRequest{Argv: []string{"echo", "back"}}); st.Code != 0 || o != "back\n" {
 		t.Fatalf("exec after unpark: %+v %q", st, o)
+	}
+}
+
+// TestParkTimesOut: an init parked by a host that then died (no unpark) listens again by
+// itself after its park timeout.
+func TestParkTimesOut(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "init.sock")
+	cmd := exec.Command(initBinary, "-socket", socket, "-park-timeout", "300ms")
+	cmd.Stderr = logWriter{t}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
+	c := initproto.New(socket)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.WaitReady(ctx, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	parkedAt := time.Now()
+	if err := c.Park(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, time.Millisecond, "parked init to remove its socket", func() bool {
+		_, err := os.Lstat(socket)
+		return os.IsNotExist(err)
+	})
+	if _, err := c.WaitReady(ctx, 5*time.Millisecond); err != nil {
+		t.Fatalf("init still parked after its timeout: %v", err)
+	}
+	if d := time.Since(parkedAt); d < 300*time.Millisecond {
+		t.Fatalf("listening again after %s, before the 300ms park timeout", d)
 	}
 }
