@@ -11,16 +11,16 @@
 // dump.log and stats-dump stay in the images directory) and without the exit option: the task
 // keeps running, and nothing is written to containerd's content store. containerd's client
 // pauses the task (runc pause) around the dump unless runc already reports it paused. The L3
-// flow (orchestrator/l3.go) pauses it itself through the pool, dumps, captures the upper dir
-// and saves the state document, then resumes it, so the processes do not run between the dump
-// and the capture (it does not freeze the cgroup behind runc's back for an L3 dump, as it does
-// for L1/L2 checkpoints). Driving runc or CRIU directly would save the gRPC/ttrpc hops (a few
-// ms) but not CRIU's own frozen window, which dominates it: most of that window is the memory
-// dump, CRIU's iptables network lock/unlock (iptables-restore in the sandbox netns) and the
-// tar+gzip of each tmpfs mount (/dev, /dev/shm, /run and the masked-path tmpfs mounts).
-// BenchmarkDumpRestore measures a dump and restore of a python process with 50 MiB of heap
-// against `ctr c checkpoint`/`ctr c restore`; docs/benchmarks.md has the end-to-end figures
-// (l3-frozen, l3-restore).
+// flow (orchestrator/l3.go) parks the init's listener, pauses the task itself through the pool,
+// dumps, captures the upper dir and saves the state document, then resumes it, so the processes
+// do not run between the dump and the capture (it does not freeze the cgroup behind runc's back
+// for an L3 dump, as it does for L1/L2 checkpoints). Driving runc or CRIU directly would save
+// the gRPC/ttrpc hops (a few ms) but not CRIU's own frozen window, which dominates it: most of
+// that window is the memory dump, CRIU's iptables network lock/unlock (iptables-restore in the
+// sandbox netns) and the tar+gzip of each tmpfs mount (/dev, /dev/shm, /run and the masked-path
+// tmpfs mounts). BenchmarkDumpRestore measures a dump and restore of a python process with 50
+// MiB of heap against `ctr c checkpoint`/`ctr c restore`; docs/benchmarks.md has the end-to-end
+// figures (l3-frozen, l3-restore).
 //
 // # CRIU options
 //

@@ -17,7 +17,8 @@ import (
 	"github.com/deltabox/deltabox/pool"
 )
 
-// cleanupTimeout bounds thaws and other cleanups that must run even if the request is gone.
+// cleanupTimeout bounds cleanups that must run even if the request is gone, such as the
+// resume after an L3 dump (a thaw takes no context: it cannot be cancelled).
 const cleanupTimeout = 10 * time.Second
 
 func levelOf(l string) (overlay.Level, error) {
@@ -41,7 +42,7 @@ func (o *Orchestrator) Checkpoint(ctx context.Context, id string, req api.Checkp
 	return o.checkpoint(ctx, s, req)
 }
 
-// checkpoint is the consistent cut of DESIGN.md: freeze, capture the upper dir, read the state
+// checkpoint is the consistent cut (docs/architecture.md): freeze, capture the upper dir, read the state
 // sequence number, the effect watermark and the process list, thaw; then record it durably.
 // The thaw runs even if ctx is cancelled.
 func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.CheckpointRequest) (api.Checkpoint, error) {
@@ -172,7 +173,8 @@ func pids(procs []pool.Proc) []int {
 	return out
 }
 
-// thaw thaws the sandbox with a context that survives the request's cancellation.
+// thaw thaws the sandbox and logs a failure; the freezer takes no context, so a cancelled
+// request still thaws (ctx only carries the logger).
 func (o *Orchestrator) thaw(ctx context.Context, s *session) error {
 	err := s.frz.Thaw()
 	if err != nil {

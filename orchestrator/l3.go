@@ -35,9 +35,10 @@ func (o *Orchestrator) criuSpec(cid, dir string) ([]oci.SpecOpts, error) {
 	return []oci.SpecOpts{criu.WithConfig(path)}, nil
 }
 
-// cutL3 is the frozen window of an L3 checkpoint: CRIU dumps the frozen processes (they stay
-// frozen and keep running afterwards), the upper dir is captured in full while still frozen
-// (CRIU checks file sizes on restore), the state document is saved, then the sandbox thaws.
+// cutL3 is the paused window of an L3 checkpoint: the init parks its listener, containerd
+// pauses the task, CRIU dumps its processes (left running), the upper dir is captured in full
+// while still paused (CRIU checks file sizes on restore) and the state document saved, then
+// the task resumes and the init is unparked.
 func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, pendingFiles, error) {
 	if !o.criu.Available {
 		return 0, nil, fmt.Errorf("L3 checkpoints are unavailable on this node: %s: %w", o.criu.Reason, errdefs.ErrFailedPrecondition)
