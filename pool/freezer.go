@@ -253,6 +253,11 @@ func (f Freezer) KillAllBut(ctx context.Context, keep int, timeout time.Duration
 	}
 }
 
+// Kill SIGKILLs those of pids that are still members of the cgroup, each through a pidfd
+// taken before the membership check, so a pid reused by another process is never
+// signalled. It returns how many it signalled. Use it instead of kill(2) by number.
+func (f Freezer) Kill(pids []int) int { return f.killMembers(pids, 0) }
+
 // killMembers SIGKILLs the pids (but keep) that are still members of the cgroup.
 func (f Freezer) killMembers(pids []int, keep int) int {
 	n := 0

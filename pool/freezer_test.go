@@ -86,3 +86,24 @@ func TestKillAllButKeepsOnlyTheInit(t *testing.T) {
 		t.Fatalf("a process outside the cgroup counts as a member (%v)", err)
 	}
 }
+
+// TestKillSignalsOnlyMembers: Freezer.Kill leaves a pid that is not (or no longer) in the
+// cgroup alone.
+func TestKillSignalsOnlyMembers(t *testing.T) {
+	_, f := testCgroup(t)
+	member := startIn(t, f.dir)
+	outside := exec.Command("sleep", "100")
+	if err := outside.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = outside.Process.Kill(); _ = outside.Wait() }()
+	if n := f.Kill([]int{member.Process.Pid, outside.Process.Pid}); n != 1 {
+		t.Fatalf("Kill signalled %d, want 1", n)
+	}
+	if err := outside.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the outsider was killed: %v", err)
+	}
+	if err := member.Wait(); err == nil {
+		t.Fatal("the member survived")
+	}
+}
