@@ -44,7 +44,7 @@ setup: deps containerd images
 # and CRIU's network lock, and their timings are tuned for a machine they have to themselves.
 # Packages whose concurrency (the change tracker, the effect journal, the state log's group
 # commit, the init's streams) also runs under the race detector.
-RACE_PKGS := ./overlay/ ./proxy/ ./orchestrator/state/ ./pool/initproto/
+RACE_PKGS := ./overlay/ ./proxy/ ./orchestrator/ ./orchestrator/state/ ./pool/initproto/
 
 test: setup build ## unit, root and integration tests against the real stack
 	$(TEST_ENV) $(GO) test $(TEST_FLAGS) ./...

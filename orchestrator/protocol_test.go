@@ -143,8 +143,11 @@ func TestCommitPointBeforeSend(t *testing.T) {
 	if r.fx.status(3) != "held" {
 		t.Fatalf("effect recorded after the commit began: %s, want held", r.fx.status(3))
 	}
-	if r.s.meta.CommitAfter != c2 {
-		t.Fatalf("commit point after resume: %q, want %s", r.s.meta.CommitAfter, c2)
+	r.s.mu.RLock()
+	point := r.s.meta.CommitAfter
+	r.s.mu.RUnlock()
+	if point != c2 {
+		t.Fatalf("commit point after resume: %q, want %s", point, c2)
 	}
 }
 
