@@ -174,7 +174,7 @@ func WithRecordPassed(on bool) Option { return func(c *config) { c.recordPassed 
 
 // WithJournalLimit bounds a sandbox's journal file (default 1 GiB): a hostile sandbox cannot
 // fill the disk. New effects beyond it are refused with 507; commit and rollback still work.
-// The journal is not compacted: it shrinks only with RemoveSandbox.
+// Compaction (compact.go) drops the bodies of finished effects; held ones count until sent.
 func WithJournalLimit(n int64) Option { return func(c *config) { c.journalLimit = n } }
 
 func defaultConfig() config {
