@@ -73,6 +73,8 @@ func (p *Proxy) CommitTo(ctx context.Context, sandboxID string, upto uint64) (Co
 	}
 	j.send.Lock()
 	defer j.send.Unlock()
+	ctx, done := j.sending(ctx)
+	defer done()
 	j.mu.Lock()
 	if upto == 0 || upto > j.seq {
 		upto = j.seq
@@ -114,6 +116,8 @@ func (p *Proxy) ResumeCommits(ctx context.Context) error {
 func (p *Proxy) resume(ctx context.Context, id string, j *journal) error {
 	j.send.Lock()
 	defer j.send.Unlock()
+	ctx, done := j.sending(ctx)
+	defer done()
 	j.mu.Lock()
 	upto, derr := j.pending, j.damageError()
 	j.mu.Unlock()
@@ -177,6 +181,8 @@ func (p *Proxy) Retry(ctx context.Context, sandboxID string, effectIDs ...string
 	}
 	j.send.Lock()
 	defer j.send.Unlock()
+	ctx, done := j.sending(ctx)
+	defer done()
 	todo, from, err := j.retryable(effectIDs)
 	if err != nil {
 		return CommitResult{}, fmt.Errorf("retry effects of %s: %w", sandboxID, err)

@@ -286,3 +286,23 @@ func TestCommitDoesNotHoldTheSandbox(t *testing.T) {
 		t.Fatalf("after the timeout: %+v", eff)
 	}
 }
+
+func TestRemoveSandboxCancelsAHungCommit(t *testing.T) {
+	u := newFaultUpstream(t, "hang", true)
+	e := newEnv(t, WithCommitRetry(5, time.Millisecond), WithCommitTimeout(time.Minute))
+	e.register(2, "sb-a", "version: 1\nrules:\n  - {host: 127.0.0.1, action: hold}\n")
+	holdPOST(t, e.client(2), u.URL+"/x", "x")
+	done := make(chan error, 1)
+	go func() { _, err := e.p.Commit(e.ctx, "sb-a"); done <- err }()
+	waitFor(t, "the commit to send", func() bool { keys, _ := u.seenKeys(); return len(keys) == 1 })
+	start := time.Now()
+	if err := e.p.RemoveSandbox("sb-a"); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("release waited %s for a hung commit", took)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled commit reported success")
+	}
+}

@@ -156,7 +156,7 @@ func (p *Proxy) Effect(sandboxID, effectID string) (Effect, error) {
 }
 
 // RemoveSandbox deletes the sandbox's journal and forgets its connection pool. Held effects
-// are gone with it.
+// are gone with it; a commit in progress is cancelled (what it had not sent is not sent).
 func (p *Proxy) RemoveSandbox(sandboxID string) error {
 	if err := checkID(sandboxID); err != nil {
 		return err
@@ -170,7 +170,8 @@ func (p *Proxy) RemoveSandbox(sandboxID string) error {
 	}
 	p.mu.Unlock()
 	if j != nil {
-		j.send.Lock() // wait for a running commit and rollback
+		j.cancelSend() // a commit to a hung upstream must not hold the release
+		j.send.Lock()  // wait for the running commit to stop, and for a rollback
 		defer j.send.Unlock()
 		j.op.Lock()
 		defer j.op.Unlock()

@@ -78,9 +78,10 @@ type effectState struct {
 // journal is one sandbox's effect journal.
 type journal struct {
 	path  string
-	limit int64      // bytes; effect records beyond it are refused
-	op    sync.Mutex // serializes rollbacks of the sandbox (and its removal)
-	send  sync.Mutex // serializes commits, retries and resumed commits (and removal)
+	limit int64              // bytes; effect records beyond it are refused
+	op    sync.Mutex         // serializes rollbacks of the sandbox (and its removal)
+	send  sync.Mutex         // serializes commits, retries and resumed commits (and removal)
+	stop  context.CancelFunc // cancels the send in progress (under mu), for RemoveSandbox
 
 	mu        sync.Mutex
 	f         journalFile
@@ -332,6 +333,30 @@ func (j *journal) transition(r *record, durable bool, from ...Status) (bool, err
 		return err == nil, err
 	}
 	return true, j.syncTo(ticket)
+}
+
+// sending returns ctx for a send of the journal's effects, which RemoveSandbox cancels.
+// Callers hold j.send and call done when the send ends.
+func (j *journal) sending(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	j.mu.Lock()
+	j.stop = cancel
+	j.mu.Unlock()
+	return ctx, func() {
+		j.mu.Lock()
+		j.stop = nil
+		j.mu.Unlock()
+		cancel()
+	}
+}
+
+// cancelSend cancels the send in progress, if any.
+func (j *journal) cancelSend() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.stop != nil {
+		j.stop()
+	}
 }
 
 // setNext shows when the next attempt of an effect is due (not journaled).
