@@ -1,0 +1,52 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+)
+
+// TestPythonSDK installs the Python SDK into a fresh venv with no package index (its build
+// backend is in the tree) and runs its unittest suite (sdk/python/tests) against a real
+// daemon whose pool holds writes to a local upstream. The suite's step() test sends one POST
+// per attempt; only the committed attempt's may reach the upstream.
+func TestPythonSDK(t *testing.T) {
+	python := testutil.RequiresBinary(t, "python3")
+	sdk, err := filepath.Abs("../sdk/python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	venv := filepath.Join(t.TempDir(), "venv")
+	runTool(t, "", nil, python, "-m", "venv", venv)
+	runTool(t, "", nil, filepath.Join(venv, "bin", "pip"), "install", "--no-index", "--no-cache-dir", sdk)
+
+	u := startUpstream(t)
+	d := egressDaemon(t, u, pythonImage, 2, "")
+	env := []string{"DELTABOX_ADDRESS=" + d.address, "DELTABOX_TEST_POOL=net", "DELTABOX_TEST_UPSTREAM=" + u.plain.URL}
+	// From a directory outside the tree, so that the venv's installed package is the one tested.
+	out := runTool(t, t.TempDir(), env, filepath.Join(venv, "bin", "python"), "-m", "unittest", "discover", "-v",
+		"-s", filepath.Join(sdk, "tests"))
+	if strings.Contains(out, "skipped") {
+		t.Fatalf("the SDK suite skipped tests that need the daemon:\n%s", out)
+	}
+	if n := u.count("POST /step"); n != 1 {
+		t.Errorf("the upstream saw %d POST /step, want 1 (the committed attempt's only)", n)
+	}
+}
+
+// runTool runs a command in dir with extra environment and fails the test if it fails.
+func runTool(t *testing.T, dir string, env []string, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}

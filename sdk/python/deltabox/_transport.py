@@ -1,0 +1,221 @@
+"""HTTP over a unix socket with the standard library (http.client), one kept-alive
+connection per thread for JSON calls and a fresh one for each stream."""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Union
+from urllib.parse import urlencode
+
+from . import errors
+
+DEFAULT_ADDRESS = "/run/deltabox/deltabox.sock"
+"""The daemon's socket when neither an address nor DELTABOX_ADDRESS is given."""
+
+Progress = Callable[[Dict[str, Any]], None]
+"""Called with each progress event of a push, fork or restore."""
+
+Body = Union[None, bytes, Iterable[bytes]]
+
+
+def socket_path(address: str) -> str:
+    """The socket path of an address: ``/path``, ``unix:///path`` or ``unix:/path``."""
+    if address.startswith("unix://"):
+        address = address[len("unix://"):]
+    elif address.startswith("unix:"):
+        address = address[len("unix:"):]
+    if not address.startswith("/") and "://" in address:
+        raise errors.InvalidArgument(
+            f"address {address!r}: only unix sockets are supported (a path or unix:///path)")
+    if not address:
+        raise errors.InvalidArgument("empty daemon address")
+    return address
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: Optional[float]) -> None:
+        super().__init__("deltabox", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self.timeout is not None:
+            s.settimeout(self.timeout)
+        try:
+            s.connect(self._path)
+        except OSError:
+            s.close()
+            raise
+        self.sock = s
+
+
+# Failures of a kept-alive connection the daemon closed while it was idle: the request never
+# reached a handler, so it is sent once more on a new connection.
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, http.client.CannotSendRequest)
+
+
+class Transport:
+    """Sends requests to one daemon (or sandbox) socket."""
+
+    def __init__(self, address: str, timeout: Optional[float] = None) -> None:
+        self.address = socket_path(address)
+        self.timeout = timeout
+        self._local = threading.local()
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def _unreachable(self, err: OSError) -> errors.DaemonUnreachable:
+        return errors.DaemonUnreachable(
+            f"cannot reach the DeltaBox daemon at {self.address} (is `deltabox daemon` running? "
+            f"set DELTABOX_ADDRESS to its socket): {err}")
+
+    def _connect(self) -> _UnixConnection:
+        conn = _UnixConnection(self.address, self.timeout)
+        try:
+            conn.connect()
+        except OSError as e:
+            raise self._unreachable(e) from None
+        return conn
+
+    @staticmethod
+    def url(path: str, query: Optional[Dict[str, Any]] = None) -> str:
+        q = {k: ("true" if v is True else v) for k, v in (query or {}).items() if v not in (None, "", False)}
+        return path + ("?" + urlencode(q) if q else "")
+
+    def json(self, method: str, path: str, body: Any = None, query: Optional[Dict[str, Any]] = None,
+             raw_body: Optional[bytes] = None) -> Any:
+        """A JSON request on the thread's kept-alive connection; the decoded JSON answer."""
+        data = raw_body if raw_body is not None else (None if body is None else json.dumps(body).encode())
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        target = self.url(path, query)
+        for attempt in (0, 1):
+            conn = getattr(self._local, "conn", None)
+            reused = conn is not None
+            if conn is None:
+                conn = self._connect()
+                self._local.conn = conn
+            try:
+                conn.request(method, target, body=data, headers=headers)
+                resp = conn.getresponse()
+                payload = resp.read()
+            except _STALE as e:
+                conn.close()
+                self._local.conn = None
+                if reused and attempt == 0:
+                    continue
+                raise self._unreachable(e) from None
+            except OSError as e:
+                conn.close()
+                self._local.conn = None
+                raise self._unreachable(e) from None
+            if resp.will_close:
+                conn.close()
+                self._local.conn = None
+            return _decode(resp.status, payload, method, path)
+        raise AssertionError("unreachable")
+
+    def open(self, method: str, path: str, query: Optional[Dict[str, Any]] = None, body: Body = None,
+             content_type: str = "application/json") -> Tuple[_UnixConnection, http.client.HTTPResponse]:
+        """A request on a new connection whose answer is streamed; an error answer is raised.
+        The caller closes the connection."""
+        conn = self._connect()
+        try:
+            conn.request(method, self.url(path, query), body=body, headers={"Content-Type": content_type},
+                         encode_chunked=body is not None and not isinstance(body, (bytes, bytearray)))
+            resp = conn.getresponse()
+        except OSError as e:
+            conn.close()
+            raise self._unreachable(e) from None
+        if resp.status >= 300:
+            payload = resp.read()
+            conn.close()
+            _decode(resp.status, payload, method, path)
+        return conn, resp
+
+    def duplex(self, method: str, path: str, head: bytes, stdin: Iterable[bytes]) -> Tuple[_UnixConnection, http.client.HTTPResponse, threading.Thread, list]:
+        """A chunked request whose body is head then stdin, sent by a thread while the answer
+        is read (the daemon streams output while input still comes)."""
+        conn = self._connect()
+        try:
+            conn.putrequest(method, path, skip_accept_encoding=True)
+            conn.putheader("Content-Type", "application/x-ndjson")
+            conn.putheader("Transfer-Encoding", "chunked")
+            conn.endheaders()
+        except OSError as e:
+            conn.close()
+            raise self._unreachable(e) from None
+        sock = conn.sock
+        failure: list = []
+
+        def send() -> None:
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(head), head))
+                for chunk in stdin:
+                    if chunk:
+                        sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                sock.sendall(b"0\r\n\r\n")
+            except BaseException as e:  # noqa: BLE001 - reported by the reader
+                failure.append(e)
+
+        writer = threading.Thread(target=send, name="deltabox-stdin", daemon=True)
+        writer.start()
+        try:
+            resp = conn.getresponse()
+        except OSError as e:
+            conn.close()
+            raise self._unreachable(e) from None
+        if resp.status >= 300:
+            payload = resp.read()
+            conn.close()
+            _decode(resp.status, payload, method, path)
+        return conn, resp, writer, failure
+
+
+def _decode(status: int, payload: bytes, method: str, path: str) -> Any:
+    if status >= 300:
+        try:
+            err = json.loads(payload)["error"]
+            if not isinstance(err, dict) or not err.get("code"):
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            cls = errors.BY_STATUS.get(status, errors.Unknown)
+            raise cls(f"daemon answered {status} to {method} {path}: {payload[:500]!r}", status=status) from None
+        raise errors.from_api(err, status)
+    if not payload:
+        return None
+    return json.loads(payload)
+
+
+def json_lines(resp: http.client.HTTPResponse) -> Iterator[dict]:
+    """The JSON-lines events of a streamed answer."""
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        line = line.strip()
+        if line:
+            yield json.loads(line)
+
+
+def stream(transport: Transport, path: str, body: Dict[str, Any], on_progress: Optional[Progress]) -> Dict[str, Any]:
+    """Send a push, fork or restore and read its JSON lines: progress to on_progress, then
+    the final event (raised if it carries an error)."""
+    conn, resp = transport.open("POST", path, body=json.dumps(body).encode())
+    try:
+        for ev in json_lines(resp):
+            if "progress" in ev:
+                if on_progress is not None:
+                    on_progress(ev["progress"])
+                continue
+            if "error" in ev:
+                raise errors.from_api(ev["error"])
+            return ev
+    finally:
+        conn.close()
+    raise errors.Internal(f"the stream of POST {path} ended without a result")
