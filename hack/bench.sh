@@ -29,6 +29,7 @@ run -bench 'CheckpointRollback' -benchtime 200x ./integration/
 run -bench 'L3SnapshotRestore' -benchtime 10x ./integration/
 run -bench 'Density' -benchtime 50x -timeout 30m ./integration/
 run -bench 'BenchmarkPipeline' -benchtime 1x -timeout 30m ./integration/
+run -bench 'PythonSDKOverhead' -benchtime 400x ./integration/
 
 step packages "package-level benchmarks"
 run -bench . -benchtime 2000x ./pool/initproto/
@@ -69,6 +70,7 @@ not in tests).
 | L3 frozen <= 300 ms; restore from the local store <= 500 ms; push + restore no slower than ctr checkpoint + restore (6) | l3-frozen-*, l3-restore-*, ctr/(push+restore)-x | integration L3SnapshotRestore |
 | upload/download to local versitygw >= 200 MB/s (6) | MB/s | objectstore/s3 Put, Get |
 | 200 tasks x 5 steps, 20% failing once, 16 in parallel; per-step overhead vs no checkpoints (7) | run-s, no-checkpoints-s, slowdown-x, overhead-per-step-ms, effects-* | integration Pipeline |
+| state patch and exec true through the Python SDK <= 1 ms over the Go client (16) | patch-py-over-go-ms, exec-py-over-go-ms | integration PythonSDKOverhead |
 
 MD
 go run ./hack/benchreport -header "${HEADER}" <"${RAW}" >"${OUT}"

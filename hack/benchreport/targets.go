@@ -24,6 +24,8 @@ var targets = []target{
 	{"L1 checkpoint p99 <= 20 ms", "CheckpointRollback", "ckpt-l1-p99-ms", 20, false},
 	{"rollback p50 <= 10 ms", "CheckpointRollback", "rollback-p50-ms", 10, false},
 	{"rollback >= 20x faster than ctr checkpoint + restore", "CheckpointRollback", "ctr/rollback-x", 20, true},
+	{"state patch through the Python SDK <= 1 ms over the Go client", "PythonSDKOverhead", "patch-py-over-go-ms", 1, false},
+	{"exec true through the Python SDK <= 1 ms over the Go client", "PythonSDKOverhead", "exec-py-over-go-ms", 1, false},
 }
 
 // verdict says whether results meet t: "met", "MISSED" or "not measured".
