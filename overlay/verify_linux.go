@@ -207,14 +207,14 @@ func (vw *verifier) entry(p string, dirfd int, name string, wantDir bool) error 
 			return err
 		}
 	}
-	var ino uint64
+	var id fileID
 	if dirfd >= 0 {
 		var mount bool
-		if got, ino, mount, err = vw.stat(dirfd, name, p); err != nil || mount {
+		if got, id, mount, err = vw.stat(dirfd, name, p); err != nil || mount {
 			return err
 		}
 	}
-	if err := vw.compare(p, want, got, dirfd, name, ino); err != nil {
+	if err := vw.compare(p, want, got, dirfd, name, id); err != nil {
 		return err
 	}
 	wd, gd := want != nil && want.Kind == KindDir, got != nil && got.Kind == KindDir
@@ -223,7 +223,11 @@ func (vw *verifier) entry(p string, dirfd int, name string, wantDir bool) error 
 	}
 	sub := -1
 	if gd {
-		sub, err = unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		sub, err = openDirExpected(dirfd, name, id)
+		if errors.Is(err, errReplaced) {
+			vw.add(p, "type", string(KindDir), "changed during verify")
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("open merged dir %q: %w", p, err)
 		}
@@ -234,27 +238,27 @@ func (vw *verifier) entry(p string, dirfd int, name string, wantDir bool) error 
 
 // stat describes name in the merged directory dirfd (nil when absent). mount reports a mount
 // point: a directory on another device than the root, or any entry that is a mount root.
-func (vw *verifier) stat(dirfd int, name, p string) (e *Entry, ino uint64, mount bool, err error) {
+func (vw *verifier) stat(dirfd int, name, p string) (e *Entry, id fileID, mount bool, err error) {
 	var stx unix.Statx_t
 	err = unix.Statx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT, unix.STATX_BASIC_STATS, &stx)
 	if errors.Is(err, unix.ENOENT) {
-		return nil, 0, false, nil
+		return nil, fileID{}, false, nil
 	}
 	if err != nil {
-		return nil, 0, false, fmt.Errorf("stat merged %q: %w", p, err)
+		return nil, fileID{}, false, fmt.Errorf("stat merged %q: %w", p, err)
 	}
 	st := statFromStatx(&stx)
 	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		return nil, 0, true, nil
+		return nil, fileID{}, true, nil
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Dev != vw.dev {
-		return nil, 0, true, nil
+		return nil, fileID{}, true, nil
 	}
 	e, err = describe(dirfd, p, st)
 	if err != nil {
-		return nil, 0, false, fmt.Errorf("merged: %w", err)
+		return nil, fileID{}, false, fmt.Errorf("merged: %w", err)
 	}
-	return e, st.Ino, false, nil
+	return e, fileID{mode: st.Mode, dev: st.Dev, ino: st.Ino}, false, nil
 }
 
 // statFromStatx converts the basic fields of a statx result.

@@ -19,7 +19,7 @@ import (
 
 // compare reports how the merged entry got differs from the recorded entry want (either may
 // be nil), reading contents only when everything else about two files matches.
-func (vw *verifier) compare(p string, want, got *Entry, dirfd int, name string, ino uint64) error {
+func (vw *verifier) compare(p string, want, got *Entry, dirfd int, name string, id fileID) error {
 	switch {
 	case want == nil && got == nil:
 		return nil
@@ -35,12 +35,12 @@ func (vw *verifier) compare(p string, want, got *Entry, dirfd int, name string, 
 	}
 	vw.attrs(p, want, got)
 	if want.Link != "" {
-		vw.links[want.Link] = append(vw.links[want.Link], linkSeen{path: p, ino: ino})
+		vw.links[want.Link] = append(vw.links[want.Link], linkSeen{path: p, ino: id.ino})
 	}
 	if want.Kind != KindFile || want.Size != got.Size || want.Size == 0 {
 		return nil
 	}
-	return vw.content(p, want, dirfd, name)
+	return vw.content(p, want, dirfd, name, id)
 }
 
 // attrs compares everything but contents of two entries of the same kind.
@@ -84,9 +84,9 @@ func xattrList(x map[string][]byte) string {
 	return strings.Join(parts, ",")
 }
 
-// content compares a file's recorded content with the merged file name in dirfd, which is
-// opened without following a symlink or blocking on a FIFO swapped in since the stat.
-func (vw *verifier) content(p string, want *Entry, dirfd int, name string) error {
+// content compares a file's recorded content with the merged file name in dirfd, which must
+// still be the regular file id the walk's stat saw (see openExpected).
+func (vw *verifier) content(p string, want *Entry, dirfd int, name string, id fileID) error {
 	src, err := openSource(vw.s, vw.v, want)
 	var damage *DamageError
 	if errors.As(err, &damage) {
@@ -99,33 +99,21 @@ func (vw *verifier) content(p string, want *Entry, dirfd int, name string) error
 	if src.owned {
 		defer unix.Close(src.fd)
 	}
-	fd, err := openNoFollow(dirfd, name)
+	fd, err := openExpected(dirfd, name, id)
+	if errors.Is(err, errReplaced) {
+		vw.add(p, "type", string(KindFile), "changed during verify")
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("open merged %q: %w", p, err)
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		vw.add(p, "type", string(KindFile), "changed during verify")
-		return nil
-	}
 	same, err := vw.sameRange(src.fd, src.off, fd, 0, want.Size)
 	if err != nil || same {
 		return err
 	}
 	vw.add(p, "content", hashRange(src.fd, src.off, want.Size), hashRange(fd, 0, want.Size))
 	return nil
-}
-
-// openNoFollow opens name in dirfd for reading without following a symlink, blocking on a
-// FIFO or (where permitted) touching its atime.
-func openNoFollow(dirfd int, name string) (int, error) {
-	flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
-	fd, err := unix.Openat(dirfd, name, flags|unix.O_NOATIME, 0)
-	if errors.Is(err, unix.EPERM) {
-		fd, err = unix.Openat(dirfd, name, flags, 0)
-	}
-	return fd, err
 }
 
 // sameRange compares size bytes of two files at the given offsets, reading into the
