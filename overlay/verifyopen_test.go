@@ -90,7 +90,7 @@ func TestOpenExpectedNeverOpensASwappedInFIFOOrDevice(t *testing.T) {
 	}
 
 	must(t, unix.Renameat2(unix.AT_FDCWD, f, unix.AT_FDCWD, fifo, unix.RENAME_EXCHANGE)) // f is the file again
-	must(t, unix.Mknod(dev, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 11)))) // /dev/kmsg
+	must(t, unix.Mknod(dev, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 11))))                 // /dev/kmsg
 	must(t, unix.Renameat2(unix.AT_FDCWD, f, unix.AT_FDCWD, dev, unix.RENAME_EXCHANGE))
 	if _, err := openExpected(dirfd, "f", id); !errors.Is(err, errReplaced) {
 		t.Fatalf("device swapped in: got %v, want errReplaced", err)
