@@ -26,13 +26,20 @@ type fakeFreezer struct {
 	mu     sync.Mutex
 	frozen bool
 	procs  []pool.Proc
+	killed []int // pids passed to Kill
 }
 
 func (f *fakeFreezer) Freeze(context.Context) error { f.set(true); return nil }
 func (f *fakeFreezer) Thaw() error                  { f.set(false); return nil }
 func (f *fakeFreezer) Procs() ([]pool.Proc, error)  { return f.procs, nil }
-func (f *fakeFreezer) set(v bool)                   { f.mu.Lock(); f.frozen = v; f.mu.Unlock() }
-func (f *fakeFreezer) isFrozen() bool               { f.mu.Lock(); defer f.mu.Unlock(); return f.frozen }
+func (f *fakeFreezer) Kill(pids []int) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.killed = append(f.killed, pids...)
+	return len(pids)
+}
+func (f *fakeFreezer) set(v bool)     { f.mu.Lock(); f.frozen = v; f.mu.Unlock() }
+func (f *fakeFreezer) isFrozen() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.frozen }
 
 // fakeFiles is a layer store: a chain of checkpoints with their records, and "files", the
 // checkpoint the live tree equals (or "dirty").

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -181,11 +180,13 @@ func (o *Orchestrator) restoreProcesses(ctx context.Context, s *session, target 
 	if err != nil {
 		return err
 	}
+	var pids []int
 	for _, p := range procs {
 		if p.Pid != int(s.sb.InitPid) { // the task replacement stops the init, expectedly
-			_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+			pids = append(pids, p.Pid)
 		}
 	}
+	s.frz.Kill(pids) // through pidfds of cgroup members: a reused pid is never signalled
 	if err := o.thaw(ctx, s); err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -198,7 +197,7 @@ var errNothingChanged = errors.New("nothing was changed")
 // they may never be committed). The sandbox is frozen.
 func (o *Orchestrator) stopNewer(ctx context.Context, s *session, in rollbackIntent, target ckptRecord, procs []pool.Proc, res *api.RollbackResult) error {
 	var err error
-	if res.ProcessesStopped, err = killNewer(procs, target.Procs, int(s.sb.InitPid)); err != nil {
+	if res.ProcessesStopped, err = killNewer(s.frz, procs, target.Procs, int(s.sb.InitPid)); err != nil {
 		return err
 	}
 	if res.EffectsDropped, err = o.dropEffects(ctx, s, in.Watermark); err != nil {
@@ -268,21 +267,23 @@ func (s *session) merged() (path string, done func(), err error) {
 
 // killNewer SIGKILLs the sandbox's processes (now) that did not exist at the checkpoint (by
 // pid and start time), never its init (whose pid an L3 restore changes; its exit would
-// fence the sandbox). Signals to frozen processes take effect when they are thawed.
-func killNewer(now, keep []pool.Proc, init int) (int, error) {
+// fence the sandbox). Signals to frozen processes take effect when they are thawed. The kill
+// goes through pidfds of cgroup members (frz.Kill), so a pid reused since Procs is never hit.
+func killNewer(frz freezer, now, keep []pool.Proc, init int) (int, error) {
 	old := make(map[pool.Proc]bool, len(keep))
 	for _, p := range keep {
 		old[p] = true
 	}
-	n := 0
+	var pids []int
 	for _, p := range now {
 		if !old[p] && p.Pid != init {
-			if err := syscall.Kill(p.Pid, syscall.SIGKILL); err == nil {
-				n++
-			}
+			pids = append(pids, p.Pid)
 		}
 	}
-	return n, nil
+	if len(pids) == 0 {
+		return 0, nil
+	}
+	return frz.Kill(pids), nil
 }
 
 // resetFiles is the pool's Reset hook: on release, with only init left running, it returns

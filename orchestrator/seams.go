@@ -20,6 +20,7 @@ type freezer interface {
 	Freeze(ctx context.Context) error
 	Thaw() error
 	Procs() ([]pool.Proc, error)
+	Kill(pids []int) int // SIGKILL through pidfds, members of the sandbox only
 }
 
 // fileStore keeps a sandbox's file checkpoints (overlay.Store).
