@@ -36,6 +36,17 @@ func TestPythonSDK(t *testing.T) {
 	if n := u.count("POST /step"); n != 1 {
 		t.Errorf("the upstream saw %d POST /step, want 1 (the committed attempt's only)", n)
 	}
+	example, err := filepath.Abs("../examples/agent_loop.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = runTool(t, t.TempDir(), env, filepath.Join(venv, "bin", "python"), example, "--pool", "net")
+	mustContain(t, "examples/agent_loop.py", out, "count: attempt 1 failed (count: exit 3); rolled back",
+		"count: ok after 2 attempt(s)", "'1\\n2\\n3'", "added /work/out.txt",
+		`conversation: [["write the notes", 1, 0], ["count", 2, 0], ["check", 1, 0]]`)
+	if strings.Contains(out, "out.partial") {
+		t.Errorf("the failed attempt's out.partial survived its rollback:\n%s", out)
+	}
 }
 
 // runTool runs a command in dir with extra environment and fails the test if it fails.
