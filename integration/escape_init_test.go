@@ -153,6 +153,12 @@ func TestEscapeInitDeathFencesLease(t *testing.T) {
 		}
 		return false
 	})
+	exited := "init (pid " + strconv.Itoa(int(pid)) + ") exited"
+	if sb := d.inspect(a.ID); sb.State != "failed" || !strings.Contains(sb.Reason, exited) {
+		t.Errorf("inspect of a fenced sandbox: state %q, reason %q; want failed naming the init's exit", sb.State, sb.Reason)
+	}
+	mustContain(t, "inspect of a fenced sandbox", d.cli("inspect", a.ID), "State:", "failed: its "+exited)
+	mustContain(t, "ls with a fenced sandbox", d.cli("ls"), "failed: its "+exited)
 	local := filepath.Join(shortTempDir(t), "f")
 	os.WriteFile(local, []byte("x"), 0o644)
 	for what, args := range map[string][]string{

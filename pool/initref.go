@@ -103,6 +103,24 @@ func (r *initRef) watch() {
 // fail marks the sandbox failed for why (the first reason wins).
 func (r *initRef) fail(why string) { r.failed.CompareAndSwap(nil, &why) }
 
+// failure says why the sandbox failed ("" while it is usable, or while its init is being
+// replaced on purpose): the reason it was fenced for, or its init's exit.
+func (r *initRef) failure() string {
+	if why := r.failed.Load(); why != nil {
+		return *why
+	}
+	r.mu.Lock()
+	retired := r.retired
+	r.mu.Unlock()
+	if retired {
+		return ""
+	}
+	if r.alive() != nil {
+		return fmt.Sprintf("its init (pid %d) exited", r.pid)
+	}
+	return ""
+}
+
 // usable returns a failed_precondition error once the sandbox failed or its init exited.
 func (r *initRef) usable() error {
 	if r == nil {

@@ -43,7 +43,8 @@ type Sandbox struct {
 	EgressPolicy string `json:"egress_policy,omitempty"`
 	RestoredFrom string `json:"restored_from,omitempty"` // see LeaseRequest
 	ForkedFrom   string `json:"forked_from,omitempty"`
-	// State is "leased" (Quarantined lists the others, with their Reason).
+	// State is "leased", or "failed" once the sandbox was fenced (its init exited; Reason
+	// says why): every call on it fails until it is released. Quarantined lists the others.
 	State  string `json:"state,omitempty"`
 	Reason string `json:"reason,omitempty"`
 	// Limits and Isolation are what confines the sandbox (its pool's, see PoolInfo).
@@ -271,6 +272,9 @@ func (m *Manager) view(p *pool, sb *sandbox) Sandbox {
 		RunDir: sb.inst.runDir, Layout: sb.inst.layout, initc: sb.inst.init, ref: sb.inst.ref.Load()}
 	if v.ref != nil {
 		v.InitPid = v.ref.pid
+		if why := v.ref.failure(); why != "" {
+			v.State, v.Reason = "failed", why
+		}
 	}
 	if sb.inst.ip.IsValid() {
 		v.IP = sb.inst.ip.String()

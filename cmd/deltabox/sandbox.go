@@ -110,6 +110,13 @@ func printSandbox(w io.Writer, s api.Sandbox) {
 	defer tw.Flush()
 	fmt.Fprintf(tw, "ID:\t%s\nPool:\t%s\nImage:\t%s\nContainer:\t%s\nLeased at:\t%s\nEnv:\t%s\n",
 		s.ID, s.Pool, s.Image, s.Container, s.LeasedAt.Format(time.RFC3339), strings.Join(s.Env, " "))
+	if s.State != "" {
+		state := s.State
+		if s.Reason != "" {
+			state += ": " + s.Reason
+		}
+		fmt.Fprintf(tw, "State:\t%s\n", state)
+	}
 	fmt.Fprintf(tw, "Limits:\t%s\nSeccomp:\t%s\nUser namespace:\t%t\nCapabilities:\t%s\n", limitsText(s.Limits),
 		orNone(s.Isolation.Seccomp), s.Isolation.UserNamespace, strings.Join(s.Isolation.Capabilities, " "))
 	keys := make([]string, 0, len(s.Labels))

@@ -63,8 +63,9 @@ type Sandbox struct {
 	// "SANDBOX@CHECKPOINT" for a fork. Empty for a plain lease.
 	RestoredFrom string `json:"restored_from,omitempty"`
 	ForkedFrom   string `json:"forked_from,omitempty"`
-	// State is "leased", or "quarantined" for a sandbox kept at start because its record
-	// could not be trusted (Reason says why): it is not usable until adopted.
+	// State is "leased"; "failed" for a fenced sandbox (its init exited: Reason says how),
+	// whose calls fail until it is released; or "quarantined" for a sandbox kept at start
+	// because its record could not be trusted (Reason says why): not usable until adopted.
 	State  string `json:"state,omitempty"`
 	Reason string `json:"reason,omitempty"`
 	// Limits and Isolation are what confines the sandbox (its pool's).
@@ -76,6 +77,7 @@ type Sandbox struct {
 const (
 	StateLeased      = "leased"
 	StateQuarantined = "quarantined"
+	StateFailed      = "failed"
 )
 
 // AdoptRequest asks to adopt a quarantined sandbox, into Pool ("" keeps the pool it was
