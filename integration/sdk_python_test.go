@@ -13,7 +13,8 @@ import (
 // TestPythonSDK installs the Python SDK into a fresh venv with no package index (its build
 // backend is in the tree) and runs its unittest suite (sdk/python/tests) against a real
 // daemon whose pool holds writes to a local upstream. The suite's step() test sends one POST
-// per attempt; only the committed attempt's may reach the upstream.
+// per attempt; only the committed attempt's may reach the upstream. Every answer the suite
+// gets goes through a recorder and must match the schemas of docs/api/openapi.yaml.
 func TestPythonSDK(t *testing.T) {
 	python := testutil.RequiresBinary(t, "python3")
 	sdk, err := filepath.Abs("../sdk/python")
@@ -26,7 +27,8 @@ func TestPythonSDK(t *testing.T) {
 
 	u := startUpstream(t)
 	d := egressDaemon(t, u, pythonImage, 2, "")
-	env := []string{"DELTABOX_ADDRESS=" + d.address, "DELTABOX_TEST_POOL=net", "DELTABOX_TEST_UPSTREAM=" + u.plain.URL}
+	rec, recAddr := startRecorder(t, d.address) // every answer the suite gets is checked against the spec
+	env := []string{"DELTABOX_ADDRESS=" + recAddr, "DELTABOX_TEST_POOL=net", "DELTABOX_TEST_UPSTREAM=" + u.plain.URL}
 	// From a directory outside the tree, so that the venv's installed package is the one tested.
 	out := runTool(t, t.TempDir(), env, filepath.Join(venv, "bin", "python"), "-m", "unittest", "discover", "-v",
 		"-s", filepath.Join(sdk, "tests"))
@@ -36,6 +38,13 @@ func TestPythonSDK(t *testing.T) {
 	if n := u.count("POST /step"); n != 1 {
 		t.Errorf("the upstream saw %d POST /step, want 1 (the committed attempt's only)", n)
 	}
+	xs := rec.exchanges(t)
+	seen := checkAgainstSpec(t, xs)
+	if len(seen) < 30 {
+		t.Errorf("the SDK suite took only %d routes of the API: %v", len(seen), seen)
+	}
+	t.Logf("%d answers on %d routes validated against docs/api/openapi.yaml", len(xs), len(seen))
+	env[0] = "DELTABOX_ADDRESS=" + d.address
 	example, err := filepath.Abs("../examples/agent_loop.py")
 	if err != nil {
 		t.Fatal(err)
