@@ -1,18 +1,13 @@
 package orchestrator
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"time"
 
-	"github.com/containerd/errdefs"
-
 	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/orchestrator/api"
-	"github.com/deltabox/deltabox/orchestrator/state"
 	"github.com/deltabox/deltabox/pool"
 )
 
@@ -83,47 +78,6 @@ func (o *Orchestrator) rollback(r *http.Request) (any, error) {
 		return nil, err
 	}
 	return o.Rollback(r.Context(), r.PathValue("id"), req)
-}
-
-func (o *Orchestrator) statePatch(r *http.Request) (any, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxRequestBody))
-	if err != nil {
-		return nil, fmt.Errorf("read state patch: %v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	ops, err := state.ParseOps(body)
-	if err != nil {
-		return nil, err
-	}
-	var ifSeq *uint64
-	if v := r.URL.Query().Get("if_seq"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("if_seq %q: %w", v, errdefs.ErrInvalidArgument)
-		}
-		ifSeq = &n
-	}
-	return o.StatePatch(r.Context(), r.PathValue("id"), ops, ifSeq)
-}
-
-func (o *Orchestrator) stateLog(r *http.Request) (any, error) {
-	q := r.URL.Query()
-	from, err1 := parseUint(q.Get("from"))
-	to, err2 := parseUint(q.Get("to"))
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, err
-	}
-	return o.StateLog(r.Context(), r.PathValue("id"), from, to)
-}
-
-func parseUint(s string) (uint64, error) {
-	if s == "" {
-		return 0, nil
-	}
-	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%q is not a sequence number: %w", s, errdefs.ErrInvalidArgument)
-	}
-	return n, nil
 }
 
 func (o *Orchestrator) createPool(r *http.Request) (any, error) {
