@@ -7,6 +7,7 @@ DELTABOX_TEST_POOL (a pool of the python image whose egress policy holds writes 
 these tests are skipped.
 """
 import io
+import json
 import os
 import sys
 import tempfile
@@ -216,6 +217,36 @@ class Daemon(unittest.TestCase):
             self.assertNotIn(snap["uri"], [s["uri"] for s in self.c.snapshots()])
             with self.assertRaises(deltabox.NotFound):
                 self.c.restore("no-such-snapshot")
+
+    def test_inside_a_sandbox(self):
+        # The same package, copied into a sandbox, drives the sandbox's own API.
+        pkg = os.path.dirname(os.path.abspath(deltabox.__file__))
+        script = """
+import json, deltabox
+me = deltabox.inside()
+me.patch_state({"op": "add", "path": "/from_inside", "value": 1})
+ck = me.checkpoint("inside")
+out = {"ckpt": ck["id"], "state": me.state()}
+try:
+    me.commit()
+except deltabox.NotFound as e:
+    out["commit"] = e.code
+try:
+    me.rollback(force=True)
+except deltabox.FailedPrecondition as e:
+    out["force"] = e.code
+print(json.dumps(out))
+"""
+        with self.c.lease(POOL) as sb:
+            sb.exec("mkdir -p /opt/sdk", check=True)
+            sb.put(pkg, "/opt/sdk")
+            res = sb.exec(["python3", "-c", script], env=["PYTHONPATH=/opt/sdk"])
+            self.assertEqual(res.code, 0, res.stderr)
+            out = json.loads(res.text)
+            self.assertEqual(out["state"], {"from_inside": 1})
+            self.assertEqual((out.get("commit"), out.get("force")), ("not_found", "failed_precondition"))
+            self.assertEqual(sb.state("/from_inside"), 1)
+            self.assertIn(out["ckpt"], [c["id"] for c in sb.checkpoints()])
 
 
 if __name__ == "__main__":
