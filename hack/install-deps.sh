@@ -15,6 +15,7 @@ CHANGED=0
 APT_PACKAGES=(
 	iptables iproute2 debootstrap busybox-static libseccomp-dev pkg-config
 	e2fsprogs # mkfs.ext4 for the sandboxes' size-limited disks ([sandbox] disk)
+	python3 python3-venv # the Python SDK's suite (TestPythonSDK: a fresh venv, pip install --no-index)
 	curl ca-certificates build-essential dpkg-dev xz-utils tar
 	# CRIU build dependencies
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler

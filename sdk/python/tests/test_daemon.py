@@ -6,6 +6,7 @@ DELTABOX_TEST_POOL (a pool of the python image whose egress policy holds writes 
 127.0.0.1) and DELTABOX_TEST_UPSTREAM (a plain HTTP upstream on the host); without them
 these tests are skipped.
 """
+import asyncio
 import io
 import json
 import os
@@ -247,6 +248,30 @@ print(json.dumps(out))
             self.assertEqual((out.get("commit"), out.get("force")), ("not_found", "failed_precondition"))
             self.assertEqual(sb.state("/from_inside"), 1)
             self.assertIn(out["ckpt"], [c["id"] for c in sb.checkpoints()])
+
+    def test_asyncio(self):
+        from deltabox.aio import AsyncClient
+
+        async def main():
+            async with AsyncClient() as c:
+                async with await c.lease(POOL) as sb:
+                    step = sb.step(retries=1, backoff=0.01)
+                    async for attempt in step:
+                        async with attempt:
+                            await sb.exec(f"echo > /tmp/a{attempt.number}", check=True)
+                            if attempt.number == 1:
+                                raise RuntimeError("the first attempt fails")
+                    outs = await asyncio.gather(*[sb.exec(["echo", str(i)]) for i in range(4)])
+                    ls = (await sb.exec("ls /tmp")).text.split()
+                    return sb.id, [a.number for a in step.attempts], ls, [o.text for o in outs]
+
+        sid, attempts, ls, outs = asyncio.run(main())
+        self.assertEqual(attempts, [1, 2])
+        self.assertIn("a2", ls)
+        self.assertNotIn("a1", ls)
+        self.assertEqual(outs, ["0\n", "1\n", "2\n", "3\n"])
+        with self.assertRaises(deltabox.NotFound):
+            self.c.sandbox(sid)  # released by async with
 
 
 if __name__ == "__main__":
