@@ -285,6 +285,9 @@ func BoundUnixSockets(pid int) ([]string, error) {
 func socketInodes(pid int) (map[string]bool, error) {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return map[string]bool{}, nil // a zombie (or a process gone since the walk) holds no files
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -305,6 +308,9 @@ func socketInodes(pid int) (map[string]bool, error) {
 func checkInotify(p proc) error {
 	dir := fmt.Sprintf("/proc/%d/fd", p.pid)
 	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // a zombie (or a process gone since the walk) holds no files
+	}
 	if err != nil {
 		return fmt.Errorf("pre-dump check: %w", err)
 	}

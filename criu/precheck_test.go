@@ -4,10 +4,16 @@ package criu
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/testutil"
 )
 
 // tree builds a process tree from "pid ppid pgid sid" quadruples; the first is the root.
@@ -87,4 +93,32 @@ func TestNSIDsOf(t *testing.T) {
 	if got := nsIDsOf("Name:\tsh\n", nsIDs{1, 2, 3}); got != (nsIDs{1, 2, 3}) {
 		t.Errorf("nsIDsOf without NS lines = %+v", got)
 	}
+}
+
+// A process that exits (and is reaped) between the walk of the tree and the look at its fds
+// holds nothing: the checks pass over it instead of failing the dump (seen as "pre-dump check:
+// open /proc/N/fd: no such file or directory"). A zombie's fds are an empty list.
+func TestPrecheckToleratesVanishedProcesses(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	testutil.WaitFor(t, 5*time.Second, time.Millisecond, "the child to become a zombie", func() bool {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err == nil && strings.Contains(string(st), ") Z ")
+	})
+	check := func(state string) {
+		if err := checkInotify(proc{pid: pid, comm: "true"}); err != nil {
+			t.Fatalf("inotify check of a %s process: %v", state, err)
+		}
+		if socks, err := socketInodes(pid); err != nil || len(socks) != 0 {
+			t.Fatalf("sockets of a %s process: %v, %v", state, socks, err)
+		}
+	}
+	check("zombie")
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	check("reaped")
 }
