@@ -20,7 +20,7 @@ CONTAINERD2_ADDRESS = $(shell DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/containe
 TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
 	DELTABOX_CONTAINERD_ADDRESS=$(CONTAINERD_ADDRESS) DELTABOX_CONTAINERD2_ADDRESS=$(CONTAINERD2_ADDRESS)
 
-.PHONY: build deps containerd images setup test test-unit demo bench lint docs clean
+.PHONY: build deps containerd images setup test test-soak test-unit demo bench lint docs clean
 
 build: ## build bin/deltabox and the static sandbox init bin/deltabox-init
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox
@@ -49,6 +49,14 @@ RACE_PKGS := ./overlay/ ./proxy/ ./orchestrator/ ./orchestrator/state/ ./pool/in
 test: setup build ## unit, root and integration tests against the real stack
 	$(TEST_ENV) $(GO) test $(TEST_FLAGS) ./...
 	$(TEST_ENV) $(GO) test -count=1 -race $(RACE_PKGS)
+
+# The soak of issue 12: DELTABOX_SOAK_SANDBOXES sandboxes x DELTABOX_SOAK_DURATION of steps with
+# the daemon killed (SIGKILL) every ~20 s. `make test` runs a 3 x 20 s version of it.
+DELTABOX_SOAK_SANDBOXES ?= 15
+DELTABOX_SOAK_DURATION  ?= 3m
+test-soak: setup build ## the kill -9 soak: 15 sandboxes x 3 min (DELTABOX_SOAK_SANDBOXES, DELTABOX_SOAK_DURATION)
+	$(TEST_ENV) DELTABOX_SOAK_SANDBOXES=$(DELTABOX_SOAK_SANDBOXES) DELTABOX_SOAK_DURATION=$(DELTABOX_SOAK_DURATION) \
+		$(GO) test -count=1 -timeout 60m -v -run '^TestSoakKill9$$' ./integration/
 
 test-unit: ## unit tests only (no root, no containerd)
 	$(GO) test -count=1 -short ./...
