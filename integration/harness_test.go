@@ -91,12 +91,13 @@ func (d *daemon) start() {
 	d.cmd = exec.Command(d.env.bin, args...)
 	d.cmd.Env = append(os.Environ(), d.extra...)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
+	closeLog := func() error { return nil }
 	if path := os.Getenv("DELTABOX_TEST_DAEMON_LOG"); path != "" { // keep the logs for a look
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			d.t.Fatal(err)
 		}
-		d.t.Cleanup(func() { _ = f.Close() })
+		closeLog = f.Close             // once the daemon exited: a cleanup could close it under a restarted daemon
 		w := io.MultiWriter(d.logs, f) // one writer for both, so one goroutine writes at a time
 		d.cmd.Stdout, d.cmd.Stderr = w, w
 	}
@@ -104,7 +105,7 @@ func (d *daemon) start() {
 		d.t.Fatalf("start daemon: %v", err)
 	}
 	d.exited = make(chan error, 1)
-	go func() { d.exited <- d.cmd.Wait() }()
+	go func(cmd *exec.Cmd) { err := cmd.Wait(); _ = closeLog(); d.exited <- err }(d.cmd)
 	testutil.WaitFor(d.t, 30*time.Second, 20*time.Millisecond, "daemon API to answer", func() bool {
 		select {
 		case err := <-d.exited:

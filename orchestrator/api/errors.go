@@ -2,7 +2,9 @@ package api
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"syscall"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errhttp"
@@ -77,15 +79,30 @@ var Classes = []Class{
 	{CodeUnknown, http.StatusInternalServerError, errdefs.IsUnknown, errdefs.ErrUnknown},
 }
 
-// FromError translates an internal error into its API code and HTTP status. Anything that
-// carries no known class is "internal".
+// FromError translates an internal error into its API code and HTTP status. A full disk
+// (ENOSPC, EDQUOT) that carries no more specific class is "resource_exhausted"; anything else
+// that carries no known class is "internal".
 func FromError(err error) (code string, status int) {
 	for _, c := range Classes {
-		if c.Is(err) {
+		if !c.Is(err) {
+			continue
+		}
+		if c.Code != CodeInternal && c.Code != CodeUnknown {
 			return c.Code, c.Status
 		}
+		if !diskFull(err) {
+			return c.Code, c.Status
+		}
+		break
+	}
+	if diskFull(err) {
+		return CodeResourceExhausted, http.StatusTooManyRequests
 	}
 	return CodeInternal, http.StatusInternalServerError
+}
+
+func diskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // ToError turns an API error back into an error of the matching errdefs class, so clients

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"syscall"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -80,5 +82,26 @@ func TestUnknownCodeTakesTheStatusClass(t *testing.T) {
 	}
 	if err := ToError(Error{Code: "quota_gone", Message: "m"}); !errdefs.IsUnknown(err) {
 		t.Errorf("unknown code in a stream gave %v, want unknown", err)
+	}
+}
+
+// TestDiskFullIsResourceExhausted: a write that failed on a full disk travels as
+// resource_exhausted unless a more specific class wraps it.
+func TestDiskFullIsResourceExhausted(t *testing.T) {
+	full := fmt.Errorf("write pack: %w", &os.PathError{Op: "write", Path: "/x", Err: syscall.ENOSPC})
+	for _, c := range []struct {
+		err  error
+		code string
+	}{
+		{full, CodeResourceExhausted},
+		{fmt.Errorf("quota: %w", syscall.EDQUOT), CodeResourceExhausted},
+		{fmt.Errorf("%w: %w", errdefs.ErrInternal, full), CodeResourceExhausted},
+		{fmt.Errorf("pending rollback: %v: %w", full, errdefs.ErrFailedPrecondition), CodeFailedPrecondition},
+		{fmt.Errorf("%w: %w", errdefs.ErrUnavailable, full), CodeUnavailable},
+		{errors.New("other"), CodeInternal},
+	} {
+		if code, _ := FromError(c.err); code != c.code {
+			t.Errorf("FromError(%v) = %s, want %s", c.err, code, c.code)
+		}
 	}
 }
