@@ -58,10 +58,8 @@ func readExecRequest(r *bufio.Reader) (api.ExecRequest, error) {
 	if err != nil && !(err == io.EOF && len(line) > 0) {
 		return req, fmt.Errorf("read exec request line (at most %d bytes): %v: %w", maxExecHeader, err, errdefs.ErrInvalidArgument)
 	}
-	dec := json.NewDecoder(bytes.NewReader(line))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return req, fmt.Errorf("decode exec request: %v: %w", err, errdefs.ErrInvalidArgument)
+	if err := decodeOne(bytes.NewReader(line), &req); err != nil {
+		return req, fmt.Errorf("decode exec request: %w", err)
 	}
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return req, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalidArgument)

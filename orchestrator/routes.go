@@ -35,20 +35,20 @@ func (o *Orchestrator) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", o.exec)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", handle(o.copyTo))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", o.copyFrom)
-	o.checkpointRoutes(mux, "/v1/sandboxes/{id}")
+	o.checkpointRoutes(mux, "/v1/sandboxes/{id}", false)
 	o.effectRoutes(mux)
 	o.snapshotRoutes(mux)
 }
 
 // checkpointRoutes registers the checkpoint and state routes under prefix; the per-sandbox
-// socket inside each sandbox serves the same handlers.
-func (o *Orchestrator) checkpointRoutes(mux *http.ServeMux, prefix string) {
+// socket inside each sandbox serves the same handlers (inSandbox), less what the host reserves.
+func (o *Orchestrator) checkpointRoutes(mux *http.ServeMux, prefix string, inSandbox bool) {
 	mux.HandleFunc("POST "+prefix+"/checkpoints", handle(o.createCheckpoint))
 	mux.HandleFunc("GET "+prefix+"/checkpoints", handle(func(r *http.Request) (any, error) { return o.Checkpoints(r.Context(), r.PathValue("id")) }))
 	mux.HandleFunc("GET "+prefix+"/checkpoints/{ckpt}", handle(func(r *http.Request) (any, error) {
 		return o.InspectCheckpoint(r.Context(), r.PathValue("id"), r.PathValue("ckpt"))
 	}))
-	mux.HandleFunc("POST "+prefix+"/rollback", handle(o.rollback))
+	mux.HandleFunc("POST "+prefix+"/rollback", handle(o.rollback(inSandbox)))
 	mux.HandleFunc("POST "+prefix+"/commit", handle(func(r *http.Request) (any, error) { return o.Commit(r.Context(), r.PathValue("id")) }))
 	mux.HandleFunc("GET "+prefix+"/diff", handle(func(r *http.Request) (any, error) {
 		q := r.URL.Query()
@@ -72,12 +72,19 @@ func (o *Orchestrator) createCheckpoint(r *http.Request) (any, error) {
 	return o.Checkpoint(r.Context(), r.PathValue("id"), req)
 }
 
-func (o *Orchestrator) rollback(r *http.Request) (any, error) {
-	var req api.RollbackRequest
-	if err := decode(r, &req); err != nil {
-		return nil, err
+// rollback serves POST .../rollback. The body is decoded once and the decoded request is what
+// is checked and acted on: from inside a sandbox (inSandbox) a forced rollback is refused.
+func (o *Orchestrator) rollback(inSandbox bool) func(r *http.Request) (any, error) {
+	return func(r *http.Request) (any, error) {
+		var req api.RollbackRequest
+		if err := decode(r, &req); err != nil {
+			return nil, err
+		}
+		if inSandbox && req.Force {
+			return nil, fmt.Errorf("forced rollback (past a commit) is not available inside a sandbox: %w", errdefs.ErrFailedPrecondition)
+		}
+		return o.Rollback(r.Context(), r.PathValue("id"), req)
 	}
-	return o.Rollback(r.Context(), r.PathValue("id"), req)
 }
 
 func (o *Orchestrator) createPool(r *http.Request) (any, error) {

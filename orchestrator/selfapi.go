@@ -1,12 +1,9 @@
 package orchestrator
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -18,7 +15,6 @@ import (
 
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/internal/rootfs"
-	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
 // SelfSocket is the name of the per-sandbox API socket in the sandbox's run directory; inside
@@ -30,7 +26,7 @@ const SelfSocket = "api.sock"
 // be named. Commit and forced rollbacks stay with the pipeline outside.
 func (o *Orchestrator) selfHandler(id string) http.Handler {
 	mux := http.NewServeMux()
-	o.checkpointRoutes(mux, "/v1/sandboxes/{id}")
+	o.checkpointRoutes(mux, "/v1/sandboxes/{id}", true)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rest, ok := strings.CutPrefix(r.URL.Path, "/v1/self/")
 		if !ok || rest == "commit" || strings.Contains(rest, "..") {
@@ -39,15 +35,7 @@ func (o *Orchestrator) selfHandler(id string) http.Handler {
 		}
 		r.URL.Path = "/v1/sandboxes/" + id + "/" + rest
 		r.URL.RawPath = ""
-		o.limiter().wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if rest == "rollback" {
-				if err := refuseForce(r); err != nil {
-					writeError(r.Context(), w, err)
-					return
-				}
-			}
-			mux.ServeHTTP(w, r)
-		})).ServeHTTP(w, r)
+		o.limiter().wrap(mux).ServeHTTP(w, r)
 	})
 }
 
@@ -73,19 +61,4 @@ func (o *Orchestrator) serveSelf(ctx context.Context, s *session) (func(), error
 		}
 	}()
 	return func() { srv.Close() }, nil
-}
-
-// refuseForce rejects a forced rollback (past a commit) from inside a sandbox; it leaves the
-// request body readable for the real handler.
-func refuseForce(r *http.Request) error {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody))
-	if err != nil {
-		return fmt.Errorf("read rollback request: %v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	var req api.RollbackRequest
-	if json.Unmarshal(body, &req) == nil && req.Force {
-		return fmt.Errorf("forced rollback (past a commit) is not available inside a sandbox: %w", errdefs.ErrFailedPrecondition)
-	}
-	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -43,12 +44,27 @@ func handle(fn func(r *http.Request) (any, error)) http.HandlerFunc {
 	}
 }
 
-// decode reads a JSON request body into v, rejecting unknown fields.
+// decode reads a JSON request body into v, rejecting unknown fields and anything after the
+// one JSON value: a check made on the decoded value then holds for the whole request (a
+// second value or trailing bytes could otherwise mean one thing to a checker and another to
+// the handler).
 func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxRequestBody))
+	if err := decodeOne(http.MaxBytesReader(nil, r.Body, maxRequestBody), v); err != nil {
+		return fmt.Errorf("decode request body: %w", err)
+	}
+	return nil
+}
+
+// decodeOne decodes exactly one JSON value from rd into v: unknown fields, a second value and
+// trailing non-space bytes are invalid arguments.
+func decodeOne(rd io.Reader, v any) error {
+	dec := json.NewDecoder(rd)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("decode request body: %v: %w", err, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("data after the JSON value (send exactly one object): %w", errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
