@@ -236,6 +236,10 @@ func (m *Manager) resetSandbox(ctx context.Context, sb *sandbox, view Sandbox) e
 		log.L(ctx).Warn("kill processes on release", "container", sb.rec.CID, "error", err)
 		return err
 	}
+	if err := m.scrubTenant(ctx, sb); err != nil {
+		log.L(ctx).Warn("remove the tenant's residue on release; the sandbox is not reused", "container", sb.rec.CID, "error", err)
+		return err
+	}
 	if err := m.opts.Reset(ctx, view); err != nil {
 		log.L(ctx).Warn("reset sandbox on release", "container", sb.rec.CID, "error", err)
 		return err

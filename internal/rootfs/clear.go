@@ -130,3 +130,26 @@ func readNames(dfd int, name string) ([]string, error) {
 	}
 	return names, nil
 }
+
+// StatfsDir describes the filesystem of the directory rel (of any type, pseudo ones too),
+// resolved without following a symlink.
+func (r *Root) StatfsDir(rel string) (unix.Statfs_t, error) {
+	var sfs unix.Statfs_t
+	fd, err := unix.Openat2(r.fd, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveFlags})
+	if err != nil {
+		return sfs, r.pathError(rel, err)
+	}
+	defer unix.Close(fd)
+	err = unix.Fstatfs(fd, &sfs)
+	return sfs, err
+}
+
+// Readlink returns the target of the symlink rel without following anything.
+func (r *Root) Readlink(rel string) (string, error) {
+	pfd, base, err := r.openParent(rel)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(pfd)
+	return readlinkat(pfd, base)
+}
