@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/pool"
