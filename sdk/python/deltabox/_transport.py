@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
 import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Union
@@ -51,9 +52,21 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = s
 
 
-# Failures of a kept-alive connection the daemon closed while it was idle: the request never
-# reached a handler, so it is sent once more on a new connection.
+# Failures of a kept-alive connection the daemon closed: an idempotent request is sent once
+# more on a new connection; any other is not (it may have been applied).
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, http.client.CannotSendRequest)
+_IDEMPOTENT = ("GET", "HEAD", "DELETE")
+
+
+def _alive(conn: http.client.HTTPConnection) -> bool:
+    """Whether a kept-alive connection is still open (the peer has not closed it)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    # An idle connection has nothing to read: readable means closed (or broken).
+    return not p.poll(0)
 
 
 class Transport:
@@ -96,6 +109,9 @@ class Transport:
         target = self.url(path, query)
         for attempt in (0, 1):
             conn = getattr(self._local, "conn", None)
+            if conn is not None and not _alive(conn):
+                conn.close()
+                conn = None
             reused = conn is not None
             if conn is None:
                 conn = self._connect()
@@ -107,7 +123,7 @@ class Transport:
             except _STALE as e:
                 conn.close()
                 self._local.conn = None
-                if reused and attempt == 0:
+                if reused and attempt == 0 and method in _IDEMPOTENT:
                     continue
                 raise self._unreachable(e) from None
             except OSError as e:

@@ -1,7 +1,10 @@
 """Tests of the SDK that need no daemon: addresses, error mapping, the build backend."""
 import os
+import socket
 import sys
 import tempfile
+import threading
+import time
 import unittest
 import zipfile
 
@@ -11,6 +14,21 @@ except ImportError:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import deltabox
 from deltabox import errors  # noqa: E402
+
+
+def _read_request(c):
+    """Read one HTTP request from c; its method (b"" at EOF)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = c.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(dict(h.lower().split(b": ", 1) for h in head.split(b"\r\n")[1:]).get(b"content-length", 0))
+    while len(body) < length:
+        body += c.recv(65536)
+    return head.split(b" ")[0]
 
 
 class Offline(unittest.TestCase):
@@ -50,6 +68,64 @@ class Offline(unittest.TestCase):
             self.assertEqual(e.message, "m")
         self.assertIsInstance(errors.from_api({"code": "new_code", "message": "m"}, 404), deltabox.NotFound)
         self.assertIs(type(errors.from_api({"code": "new_code", "message": "m"}, 0)), deltabox.Unknown)
+
+    def test_post_that_got_no_answer_is_not_sent_twice(self):
+        # The daemon reads a POST and goes away without answering: it may have applied it, so
+        # the SDK raises instead of sending it again on a new connection.
+        path = os.path.join(tempfile.mkdtemp(), "s.sock")
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(path)
+        srv.listen(4)
+        requests = []
+
+        def serve():
+            c, _ = srv.accept()
+            requests.append(_read_request(c))
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]")
+            requests.append(_read_request(c))
+            c.close()  # no answer to the POST
+            while True:
+                try:
+                    c, _ = srv.accept()
+                except OSError:
+                    return
+                requests.append(_read_request(c))
+                c.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        c = deltabox.Client(path, timeout=5)
+        c.pools()
+        with self.assertRaises(deltabox.DaemonUnreachable):
+            c.transport.json("POST", "/v1/pools", {})
+        time.sleep(0.1)
+        self.assertEqual(requests, [b"GET", b"POST"])
+        c.close()
+        srv.close()
+
+    def test_connection_closed_while_idle_is_redialled(self):
+        # A server that closes each connection after one answer: the next call (a POST, which
+        # is never sent twice) must notice before sending and use a new connection.
+        path = os.path.join(tempfile.mkdtemp(), "s.sock")
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(path)
+        srv.listen(4)
+        requests = []
+
+        def serve():
+            for _ in range(2):
+                c, _ = srv.accept()
+                requests.append(_read_request(c))
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]")
+                c.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        c = deltabox.Client(path, timeout=5)
+        self.assertEqual(c.pools(), [])
+        time.sleep(0.1)
+        self.assertEqual(c.transport.json("POST", "/v1/pools", {}), [])
+        self.assertEqual(requests, [b"GET", b"POST"])
+        c.close()
+        srv.close()
 
     def test_backend_builds_a_wheel_of_the_package(self):
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_build"))
