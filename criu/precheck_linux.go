@@ -255,13 +255,37 @@ func checkHelpers(tree []proc, bound func(pid int) ([]string, error)) error {
 }
 
 // BoundUnixSockets returns the paths of the unix sockets bound to a filesystem path (not
-// abstract, not unnamed) that host process pid has open.
+// abstract, not unnamed) that host process pid has open, as listed in pid's network
+// namespace.
 func BoundUnixSockets(pid int) ([]string, error) {
 	inodes, err := socketInodes(pid)
 	if err != nil || len(inodes) == 0 {
 		return nil, err
 	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/net/unix", pid))
+	return pathSockets(fmt.Sprintf("/proc/%d/net/unix", pid), inodes)
+}
+
+// PathUnixSockets is BoundUnixSockets that also finds the connections pid accepted from
+// the caller's network namespace: an accepted socket carries its listener's path but
+// belongs to the namespace of the process that connected (the host's, for the host's
+// connections to a sandbox's socket), so pid's own table does not list it.
+func PathUnixSockets(pid int) ([]string, error) {
+	inodes, err := socketInodes(pid)
+	if err != nil || len(inodes) == 0 {
+		return nil, err
+	}
+	own, err := pathSockets(fmt.Sprintf("/proc/%d/net/unix", pid), inodes)
+	if err != nil {
+		return nil, err
+	}
+	host, err := pathSockets("/proc/self/net/unix", inodes)
+	return append(own, host...), err
+}
+
+// pathSockets returns the paths of the sockets of a /proc/net/unix table whose inodes are
+// in inodes and whose address is a filesystem path.
+func pathSockets(table string, inodes map[string]bool) ([]string, error) {
+	f, err := os.Open(table)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -54,7 +55,9 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 		return 0, nil, err
 	}
 	defer unparkInit(ctx, s.sb)
-	if err := o.pools.Pause(ctx, s.id); err != nil {
+	pause := func(ctx context.Context) error { return o.pools.Pause(ctx, s.id) }
+	resume := func(ctx context.Context) error { return o.pools.Resume(ctx, s.id) }
+	if err := pauseParked(ctx, pause, resume, func() ([]string, error) { return initSockets(s.sb) }); err != nil {
 		return 0, nil, fmt.Errorf("pause %s: %w", s.id, err)
 	}
 	frozenAt := time.Now()
@@ -95,8 +98,10 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 const initParkTimeout = 2 * time.Second
 
 // parkInit makes the sandbox's init close its listener and waits until the init holds no
-// path-bound unix socket: a dumped init that still had it could not be restored by CRIU 4.1.1
-// as soon as a daemonized process (a session whose leader exited) is reparented to it. An
+// path-bound unix socket: a dumped init that still had its listener could not be restored by
+// CRIU 4.1.1 as soon as a daemonized process (a session whose leader exited) is reparented
+// to it, and one that still had a connection from the host (an exec's, still closing) could
+// not be dumped at all ("connected from outside the sandbox"). An
 // init that does not park (one older than parking) is dumped as it is; the dump's pre-check
 // refuses the tree if that socket would break the restore.
 func parkInit(ctx context.Context, sb pool.Sandbox) error {
@@ -109,12 +114,12 @@ func parkInit(ctx context.Context, sb pool.Sandbox) error {
 	}
 	deadline := time.Now().Add(initParkTimeout)
 	for {
-		socks, err := criu.BoundUnixSockets(int(sb.InitPid))
+		socks, err := initSockets(sb)
 		if err == nil && len(socks) == 0 {
 			return nil
 		}
 		if err == nil && time.Now().After(deadline) {
-			err = fmt.Errorf("it still listens on %v after %s: %w", socks, initParkTimeout, errdefs.ErrUnavailable)
+			err = fmt.Errorf("it still holds %v (its listener or connections from the host) after %s: %w", socks, initParkTimeout, errdefs.ErrUnavailable)
 		}
 		if err != nil {
 			unparkInit(ctx, sb)
@@ -125,6 +130,57 @@ func parkInit(ctx context.Context, sb pool.Sandbox) error {
 			unparkInit(ctx, sb)
 			return ctx.Err()
 		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// initSockets lists the path-bound unix sockets the sandbox's init holds: its listener, and
+// the connections it accepted on it (they carry the listener's path, and the host's are in
+// the host's network namespace, not the sandbox's: criu.PathUnixSockets). It reads /proc/<pid>,
+// so the init's pidfd must show it alive before and after: the pid named the init all along.
+func initSockets(sb pool.Sandbox) ([]string, error) {
+	if err := sb.Usable(); err != nil {
+		return nil, err
+	}
+	socks, err := criu.PathUnixSockets(int(sb.InitPid))
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.Usable(); err != nil {
+		return nil, err
+	}
+	return socks, nil
+}
+
+// pauseParked pauses the task once its parked init holds no connection from the host. A
+// connection still closing when parkInit looked, or one made after (a parked init can be
+// made to listen again), would make CRIU refuse the dump as "connected from outside the
+// sandbox". The check runs while the task is paused, when nothing can change any more; if a
+// socket is left, the task resumes for a moment (to let the init close it) and is checked
+// again, for at most initParkTimeout.
+func pauseParked(ctx context.Context, pause, resume func(context.Context) error, sockets func() ([]string, error)) error {
+	deadline := time.Now().Add(initParkTimeout)
+	for {
+		if err := pause(ctx); err != nil {
+			return err
+		}
+		socks, err := sockets()
+		if err == nil && len(socks) == 0 {
+			return nil
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		rerr := resume(rctx)
+		cancel()
+		if err == nil && time.Now().After(deadline) {
+			err = fmt.Errorf("the parked init still holds %v (connections from the host) after %s: %w", socks, initParkTimeout, errdefs.ErrUnavailable)
+		}
+		if err = errors.Join(err, rerr); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
 		}
 	}
 }
