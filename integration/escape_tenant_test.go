@@ -36,6 +36,11 @@ func TestEscapeTenantResidue(t *testing.T) {
 	d.cli("release", a.ID)
 	d.waitReady("one", 1, 30*time.Second)
 	t.Logf("release to ready: %v", time.Since(start))
+	for _, l := range strings.Split(d.logs.String(), "\n") {
+		if strings.Contains(l, "tenant residue removed") {
+			t.Log(l)
+		}
+	}
 	b := d.lease("one")
 	if b.Container != a.Container {
 		t.Fatalf("the pool did not reuse the sandbox (container %s, then %s): nothing tested", a.Container, b.Container)
