@@ -197,7 +197,7 @@ func (s *Server) drain(pumps ...*pump) {
 // waited for any longer.
 func (p *pump) wait(grace, limit time.Time) bool {
 	now := time.Now()
-	if now.After(limit) || (now.After(grace) && !p.busy.Load()) {
+	if now.After(limit) || (now.After(grace) && !p.busy.Load() && !p.pending()) {
 		return true
 	}
 	d := grace.Sub(now)
@@ -214,6 +214,26 @@ func (p *pump) wait(grace, limit time.Time) bool {
 	}
 }
 
+// pending reports whether the pipe holds output (or its end) not yet read. busy is false from
+// just before a read until it returns, so a pump not scheduled since the command wrote its last
+// output looks idle though that output waits in the pipe: on a loaded node it was cut (the
+// exit frame went out first, the command "succeeded" with no output).
+func (p *pump) pending() bool {
+	rc, err := p.f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	ready := false
+	if err := rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		ready = err == nil && n > 0 && fds[0].Revents&(unix.POLLIN|unix.POLLHUP) != 0
+	}); err != nil {
+		return false // closed: the pump is done
+	}
+	return ready
+}
+
 func statusOf(ws unix.WaitStatus) initproto.ExitStatus {
 	switch {
 	case ws.Exited():
@@ -228,13 +248,14 @@ func statusOf(ws unix.WaitStatus) initproto.ExitStatus {
 // pump copies one output pipe into frames, keeping at most limit bytes (0: all) and
 // draining the rest so the command never blocks on a full pipe.
 type pump struct {
+	f         *os.File // the pipe's read end (closed by run when done)
 	done      chan struct{}
 	truncated atomic.Bool
-	busy      atomic.Bool // forwarding data (not blocked in read)
+	busy      atomic.Bool // forwarding data (or about to read: see pending)
 }
 
 func startPump(f *os.File, t initproto.FrameType, fw *initproto.FrameWriter, limit int64) *pump {
-	p := &pump{done: make(chan struct{})}
+	p := &pump{f: f, done: make(chan struct{})}
 	go p.run(f, t, fw, limit)
 	return p
 }
