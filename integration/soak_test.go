@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -104,9 +105,19 @@ func TestSoakKill9(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	var steps, commits, rollbacks, resyncs, checked, committed int64
+	t.Cleanup(func() {
+		if t.Failed() { // what the sandboxes' inits said, before the cleanups remove them
+			logs, _ := filepath.Glob(filepath.Join(d.root, "pool", "containers", "*", "init.log"))
+			for _, l := range logs {
+				data, _ := os.ReadFile(l)
+				t.Logf("%s:\n%s", l, data[max(0, len(data)-1500):])
+			}
+		}
+	})
+	var steps, commits, rollbacks, resyncs, toured, checked, committed int64
 	for _, w := range workers {
-		checked += int64(w.finish())
+		toured += int64(w.finish())
+		checked += w.checked.Load()
 		committed += int64(len(w.committedSteps()))
 		steps, commits, rollbacks, resyncs = steps+w.steps.Load(), commits+w.commits.Load(), rollbacks+w.rollbacks.Load(), resyncs+w.resyncs.Load()
 	}
@@ -130,8 +141,8 @@ func TestSoakKill9(t *testing.T) {
 	for _, w := range workers {
 		w.checkUpstream()
 	}
-	t.Logf("soak: %d sandboxes x %s: %d kills, %d steps, %d commits, %d rollbacks, %d resyncs after kills, %d checkpoint contents checked, %d committed steps; upstream: %d distinct keys, %d deliveries",
-		n, dur, kills, steps, commits, rollbacks, resyncs, checked, committed, distinct, total)
+	t.Logf("soak: %d sandboxes x %s: %d kills, %d steps, %d commits, %d rollbacks, %d resyncs after kills; %d checkpoints rolled back to at the end, %d contents checked in all, 0 mismatches; %d committed steps; upstream: %d distinct keys, %d deliveries",
+		n, dur, kills, steps, commits, rollbacks, resyncs, toured, checked, committed, distinct, total)
 	if int64(distinct) != committed {
 		t.Errorf("upstream saw %d distinct effects, want the %d committed steps", distinct, committed)
 	}
