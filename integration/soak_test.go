@@ -49,7 +49,7 @@ type soakWorker struct {
 	live   []int       // steps of the live sandbox (a checkpoint's steps plus the step in progress)
 	commit string      // the commit point, "" before any commit
 
-	steps, commits, rollbacks, resyncs, checked atomic.Int64
+	steps, commits, rollbacks, resyncs, checked, mismatches atomic.Int64
 }
 
 func soakSize() (int, time.Duration) {
@@ -114,10 +114,10 @@ func TestSoakKill9(t *testing.T) {
 			}
 		}
 	})
-	var steps, commits, rollbacks, resyncs, toured, checked, committed int64
+	var steps, commits, rollbacks, resyncs, toured, checked, mismatches, committed int64
 	for _, w := range workers {
 		toured += int64(w.finish())
-		checked += w.checked.Load()
+		checked, mismatches = checked+w.checked.Load(), mismatches+w.mismatches.Load()
 		committed += int64(len(w.committedSteps()))
 		steps, commits, rollbacks, resyncs = steps+w.steps.Load(), commits+w.commits.Load(), rollbacks+w.rollbacks.Load(), resyncs+w.resyncs.Load()
 	}
@@ -141,8 +141,8 @@ func TestSoakKill9(t *testing.T) {
 	for _, w := range workers {
 		w.checkUpstream()
 	}
-	t.Logf("soak: %d sandboxes x %s: %d kills, %d steps, %d commits, %d rollbacks, %d resyncs after kills; %d checkpoints rolled back to at the end, %d contents checked in all, 0 mismatches; %d committed steps; upstream: %d distinct keys, %d deliveries",
-		n, dur, kills, steps, commits, rollbacks, resyncs, toured, checked, committed, distinct, total)
+	t.Logf("soak: %d sandboxes x %s: %d kills, %d steps, %d commits, %d rollbacks, %d resyncs after kills; %d checkpoints rolled back to at the end, %d contents checked in all, %d mismatches; %d committed steps; upstream: %d distinct keys, %d deliveries",
+		n, dur, kills, steps, commits, rollbacks, resyncs, toured, checked, mismatches, committed, distinct, total)
 	if int64(distinct) != committed {
 		t.Errorf("upstream saw %d distinct effects, want the %d committed steps", distinct, committed)
 	}
@@ -278,6 +278,7 @@ func (w *soakWorker) check(m soakModel) error {
 	var doc map[string]any
 	_ = json.Unmarshal(raw, &doc)
 	if out != want || doc["step"] != wantStep || doc["chain"] != wantChain {
+		w.mismatches.Add(1)
 		w.t.Errorf("sandbox %d at checkpoint %s: files %q state %s, want files %q state step %v chain %v",
 			w.k, m.id, out, raw, want, wantStep, wantChain)
 	}
