@@ -146,8 +146,8 @@ func TestFaultsENOSPC(t *testing.T) {
 		t.Fatalf("failed state patch: state %.100s", s)
 	}
 	out, _, _ := d.cliRaw("exec", id, "--", "curl", "-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "--data-binary", "@/root/big", u.plain.URL+"/unjournaled")
-	if out == "202" || d.effectStatus(id, u.plain.URL+"/unjournaled") != "none" {
-		t.Fatalf("POST answered %s, effect %s, though its journal record could not be written", out, d.effectStatus(id, u.plain.URL+"/unjournaled"))
+	if out != "507" || d.effectStatus(id, u.plain.URL+"/unjournaled") != "none" {
+		t.Fatalf("POST answered %s (want 507 Insufficient Storage), effect %s, though its journal record could not be written", out, d.effectStatus(id, u.plain.URL+"/unjournaled"))
 	}
 	_, err = c.Rollback(ctx, id, api.RollbackRequest{To: good.ID})
 	// The intent record has its place on disk: the rollback starts, fails at its first write

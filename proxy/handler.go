@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -153,8 +154,8 @@ func (p *Proxy) hold(ctx context.Context, w http.ResponseWriter, r *http.Request
 	if err := p.journalAppend(ctx, sb.id, &record{Type: recEffect, Effect: eff}); err != nil {
 		rl.decision = "error"
 		status := http.StatusServiceUnavailable
-		if errdefs.IsResourceExhausted(err) {
-			status = http.StatusInsufficientStorage
+		if errdefs.IsResourceExhausted(err) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			status = http.StatusInsufficientStorage // the journal's limit, or a full disk
 		}
 		p.refuse(w, rl, status, "cannot journal the request: "+err.Error())
 		return
