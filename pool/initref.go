@@ -80,11 +80,19 @@ func (r *initRef) alive() error {
 	return nil
 }
 
-// pidfdExited polls a pidfd without blocking: readable means the process exited.
+// pidfdExited polls a pidfd without blocking: readable means the process exited. An
+// interrupted poll is asked again (Go's preemption signal interrupts it, and taking EINTR for
+// an exit fenced live sandboxes under load); any other failure of poll on a pidfd we hold
+// open counts as an exit, the safe side.
 func pidfdExited(fd uintptr) bool {
-	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(p, 0)
-	return err != nil || n > 0
+	for {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(p, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err != nil || (n > 0 && p[0].Revents&(unix.POLLIN|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0)
+	}
 }
 
 // watch closes r.exited when the init exits (the pidfd becomes readable); it returns when
