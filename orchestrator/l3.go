@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/criu"
+	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/overlay"
 	"github.com/deltabox/deltabox/pool"
@@ -74,6 +75,10 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 		return 0, nil, fmt.Errorf("dump processes of %s: %w", s.id, err)
 	}
 	rec.Images = dir
+	if err := failpoint.Inject("l3/dumped"); err != nil { // still paused
+		os.RemoveAll(dir)
+		return 0, nil, err
+	}
 	pending, err := o.capture(ctx, s, level, rec) // files, state seq, watermark, procs
 	if err != nil {
 		os.RemoveAll(dir)

@@ -20,6 +20,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/deltabox/deltabox/criu"
+	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/internal/rootfs"
 	"github.com/deltabox/deltabox/objectstore"
@@ -53,6 +54,9 @@ func (o *Orchestrator) Restore(ctx context.Context, uri, poolName string, emit E
 		return api.Lease{}, err
 	}
 	defer os.RemoveAll(f.dir)
+	if err := failpoint.Inject("restore/fetched"); err != nil {
+		return api.Lease{}, err
+	}
 	log.L(ctx).Debug("snapshot fetched", "uri", uri, "duration", time.Since(start))
 	to, err := o.restoreInto(ctx, f, poolName)
 	if err != nil {
@@ -129,6 +133,9 @@ func (o *Orchestrator) restorePool(ctx context.Context, name string, cfg snapsho
 // id, the CRIU options of a new identity (writeNewIdentityConfig), then CRIU.
 func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 	return func(ctx context.Context, c containerd.Container, layout pool.Layout, ioc cio.Creator) (containerd.Task, error) {
+		if err := failpoint.Inject("restore/container-created"); err != nil {
+			return nil, err
+		}
 		conf, err := criu.ConfigOf(ctx, c)
 		if err != nil {
 			return nil, err
@@ -145,6 +152,9 @@ func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 		}
 		applied := time.Now()
 		t, err := o.restoreWithTimeout(ctx, c.ID(), f.images, ioc)
+		if err == nil {
+			err = failpoint.Inject("restore/restored") // the pool's cleanup kills the task
+		}
 		log.L(ctx).Debug("snapshot task restored", "container", c.ID(), "rootfs", applied.Sub(start), "criu", time.Since(applied))
 		return t, err
 	}
@@ -225,6 +235,9 @@ func (o *Orchestrator) fetchSnapshot(ctx context.Context, uri string, emit Emit)
 	}
 	if err := criu.CheckCompatible(cfg.CRIU, o.criu); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", uri, err)
+	}
+	if err := failpoint.Inject("restore/verified"); err != nil {
+		return nil, err
 	}
 	base := filepath.Join(o.opts.Root, "restore")
 	if err := os.MkdirAll(base, 0o700); err != nil {

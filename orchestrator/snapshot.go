@@ -16,6 +16,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/deltabox/deltabox/criu"
+	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/objectstore"
 	"github.com/deltabox/deltabox/orchestrator/api"
@@ -62,6 +63,9 @@ func (o *Orchestrator) SnapshotPush(ctx context.Context, id, to string, emit Emi
 		return snap, err
 	}
 	defer removeBlobs(blobs)
+	if err := failpoint.Inject("push/packaged"); err != nil {
+		return snap, err
+	}
 	snap.PackageMS = ms(time.Since(start))
 	start = time.Now()
 	if snap.Uploaded, err = uploadSnapshot(ctx, st, o.signer, snap.Name, blobs, cfg, emit); err != nil {
@@ -166,6 +170,9 @@ func uploadSnapshot(ctx context.Context, st objectstore.Store, signer *snapsign.
 			return uploaded, err
 		}
 	}
+	if err := failpoint.Inject("push/blobs-uploaded"); err != nil {
+		return uploaded, err
+	}
 	m := newManifest(blobs[len(blobs)-1], blobs[:len(blobs)-1], cfg)
 	data, err := json.Marshal(m)
 	if err != nil {
@@ -181,6 +188,7 @@ func uploadSnapshot(ctx context.Context, st objectstore.Store, signer *snapsign.
 	if err := st.Put(ctx, manifestKey(name), strings.NewReader(string(data)), int64(len(data))); err != nil {
 		return uploaded, fmt.Errorf("write manifest of %s: %w", name, err)
 	}
+	_ = failpoint.Inject("push/manifest-written") // only "exit" means something here: it is visible
 	return uploaded, nil
 }
 
