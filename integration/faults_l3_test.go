@@ -23,17 +23,23 @@ import (
 func l3Sleeper(d *daemon) string {
 	d.createPool("bb", busyboxImage, 1, "--max", "6")
 	id := d.lease("bb").ID
-	d.cli("exec", id, "--timeout", "30s", "--", "sh", "-c", "nohup sleep 100000 >/dev/null 2>&1 &")
-	d.checkSleeps(id)
+	d.cli("exec", id, "--", "sh", "-c", "sleep 100000 </dev/null >/dev/null 2>&1 &")
+	testutil.WaitFor(d.t, 5*time.Second, 20*time.Millisecond, "the sleep to start", func() bool {
+		_, _, code := d.cliRaw("exec", id, "--", "sh", "-c", sleepRuns)
+		return code == 0
+	})
 	return id
 }
+
+// sleepRuns succeeds (and names the process) when a sleep runs in the sandbox.
+const sleepRuns = "ps -o args | grep '^sleep 100000'"
 
 // checkSleeps asserts that a sandbox is neither paused nor frozen (an exec answers) and that
 // its sleep still runs.
 func (d *daemon) checkSleeps(id string) {
 	d.t.Helper()
-	if out, errOut, code := d.cliRaw("exec", id, "--timeout", "10s", "--", "pgrep", "-x", "sleep"); code != 0 || strings.TrimSpace(out) == "" {
-		d.t.Fatalf("sandbox %s is stuck or lost its sleep: exit %d, %q %q", id, code, out, errOut)
+	if out, errOut, code := d.cliRaw("exec", id, "--timeout", "10s", "--", "sh", "-c", sleepRuns); code != 0 || strings.TrimSpace(out) == "" {
+		d.t.Fatalf("sandbox %s is stuck or lost its sleep: exit %d, %q %q\n%s", id, code, out, errOut, d.logTail())
 	}
 }
 
@@ -122,10 +128,10 @@ func TestFaultsL3(t *testing.T) {
 			d.checkNoPush(id)
 		})
 	}
-	t.Run("push-error", func(t *testing.T) { // each push fails at the next point
+	t.Run("push-error", func(t *testing.T) {
 		d.t = t
-		d.restartWith(strings.Join(pushPoints, "=1*error,") + "=1*error")
 		for _, p := range pushPoints {
+			d.restartWith(p + "=error")
 			_, errOut, code := d.cliRaw("snapshot", "push", id)
 			if code == 0 || !strings.Contains(errOut, p) {
 				t.Fatalf("push with %s=error: exit %d, %q; want the failpoint's error", p, code, errOut)
@@ -133,6 +139,7 @@ func TestFaultsL3(t *testing.T) {
 			d.checkSleeps(id)
 			d.checkNoPush(id)
 		}
+		d.restartWith("")
 	})
 	var uri string
 	t.Run("push-exit-push-manifest-written", func(t *testing.T) {
@@ -159,10 +166,10 @@ func TestFaultsL3(t *testing.T) {
 			d.restoreOnce(uri)
 		})
 	}
-	t.Run("restore-error", func(t *testing.T) { // each restore fails at the next point
+	t.Run("restore-error", func(t *testing.T) {
 		d.t = t
-		d.restartWith(strings.Join(restorePoints, "=1*error,") + "=1*error")
 		for _, p := range restorePoints {
+			d.restartWith(p + "=error")
 			before, n := d.sandboxIDs(), d.nodeContainers()
 			_, errOut, code := d.cliRaw("restore", uri)
 			if code == 0 || !strings.Contains(errOut, p) {
@@ -170,6 +177,7 @@ func TestFaultsL3(t *testing.T) {
 			}
 			d.checkNoRestore(before, n)
 		}
+		d.restartWith("")
 		d.restoreOnce(uri)
 	})
 	d.t = t

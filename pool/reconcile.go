@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/pool/initproto"
 )
 
 // reconcile rebuilds the in-memory pools after a start: recorded pools come back, healthy
@@ -202,10 +203,29 @@ func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance,
 		return nil, err
 	}
 	if err := ping(ctx, inst); err != nil {
-		inst.ref.Load().retire()
-		return nil, fmt.Errorf("init does not answer: %w", err)
+		// A daemon that died during an L3 dump leaves the init parked (its listener
+		// closed, initproto.UnparkSignal): unpark it and ask again.
+		if uerr := task.Kill(ctx, initproto.UnparkSignal); uerr == nil {
+			err = pingUnparked(ctx, inst)
+		}
+		if err != nil {
+			inst.ref.Load().retire()
+			return nil, fmt.Errorf("init does not answer: %w", err)
+		}
 	}
 	return inst, nil
+}
+
+// pingUnparked pings an init just sent initproto.UnparkSignal until it listens again.
+func pingUnparked(ctx context.Context, inst *instance) error {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		err := ping(ctx, inst)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func ping(ctx context.Context, inst *instance) error {
