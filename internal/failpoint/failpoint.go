@@ -74,7 +74,7 @@ func Inject(name string) error {
 	if a == nil {
 		return nil
 	}
-	if a.left.Load() >= 0 && a.left.Add(-1) < 0 {
+	if !a.take() {
 		return nil
 	}
 	switch a.kind {
@@ -88,6 +88,23 @@ func Inject(name string) error {
 		return nil
 	}
 	return fmt.Errorf("failpoint %s: %w", name, ErrInjected)
+}
+
+// take reports whether a hit acts: always when unlimited, else while hits are left (the
+// count stops at 0, never wrapping to the unlimited -1).
+func (a *action) take() bool {
+	for {
+		n := a.left.Load()
+		if n < 0 {
+			return true
+		}
+		if n == 0 {
+			return false
+		}
+		if a.left.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
 }
 
 // Set enables the failpoints of spec ("name=action,name=action"), replacing none of the

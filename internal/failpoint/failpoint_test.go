@@ -24,8 +24,10 @@ func TestErrorCountAndOff(t *testing.T) {
 			t.Fatalf("hit %d: %v, want ErrInjected", i, err)
 		}
 	}
-	if err := Inject("a/b"); err != nil {
-		t.Fatalf("third hit of 2*error = %v", err)
+	for i := 2; i < 5; i++ { // spent for good, not unlimited again once the count went below 0
+		if err := Inject("a/b"); err != nil {
+			t.Fatalf("hit %d of 2*error = %v", i, err)
+		}
 	}
 	if err := Inject("c/d"); err != nil {
 		t.Fatalf("sleep = %v", err)
