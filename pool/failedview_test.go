@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/testutil"
 )
 
 // A leased sandbox whose init exited shows as "failed" with the reason (what inspect and ls
@@ -20,7 +22,7 @@ func TestViewShowsAFencedSandboxAsFailed(t *testing.T) {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	fd, err := unix.PidfdOpen(cmd.Process.Pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
-		t.Skipf("pidfd_open: %v", err)
+		testutil.SkipOrFail(t, "pidfd_open: %v", err)
 	}
 	ref := &initRef{pid: uint32(cmd.Process.Pid), pidfd: os.NewFile(uintptr(fd), "pidfd"),
 		exited: make(chan struct{}), done: make(chan struct{})}
