@@ -20,7 +20,7 @@ CONTAINERD2_ADDRESS = $(shell DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/containe
 TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
 	DELTABOX_CONTAINERD_ADDRESS=$(CONTAINERD_ADDRESS) DELTABOX_CONTAINERD2_ADDRESS=$(CONTAINERD2_ADDRESS)
 
-.PHONY: build deps containerd images setup test test-soak test-unit demo bench lint docs clean
+.PHONY: build deps containerd images npm setup test test-soak test-unit demo bench lint docs clean
 
 build: ## build bin/deltabox and the static sandbox init bin/deltabox-init
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox
@@ -38,7 +38,10 @@ images: containerd ## build and import the busybox and python images (into both 
 	DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/containerd.sh start
 	DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/images.sh
 
-setup: deps containerd images
+setup: deps containerd images npm
+
+npm: ## install the pinned npm dependencies of sdk/typescript and sdk/langgraph and build them
+	bash hack/npm.sh
 
 # -p 1: packages one at a time; the root tests of several packages share containerd, iptables
 # and CRIU's network lock, and their timings are tuned for a machine they have to themselves.
