@@ -22,8 +22,11 @@ TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
 
 .PHONY: build deps containerd images npm setup test test-soak test-unit demo bench lint docs clean
 
-build: ## build bin/deltabox and the static sandbox init bin/deltabox-init
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox
+# bin/deltabox is the light client build (-tags cli: no daemon dependencies, fast to start);
+# its `daemon` verb runs bin/deltabox-daemon, the full build (cmd/deltabox/lite.go).
+build: ## build bin/deltabox (client), bin/deltabox-daemon and the static sandbox init bin/deltabox-init
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox-daemon ./cmd/deltabox
+	$(GO) build -tags cli -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox
 	@if [ -f cmd/deltabox-init/main.go ]; then \
 		CGO_ENABLED=0 $(GO) build -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/deltabox-init ./cmd/deltabox-init; fi
 
@@ -77,7 +80,7 @@ lint: ## gofmt, go mod tidy (go.mod/go.sum must not change), go vet, staticcheck
 	staticcheck ./...
 
 docs: build ## regenerate docs/cli.md from the CLI
-	$(BIN)/deltabox docs > docs/cli.md
+	$(BIN)/deltabox-daemon docs > docs/cli.md
 
 clean:
 	rm -rf $(BIN)

@@ -34,6 +34,7 @@ type exitCodeError struct{ code int }
 func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	rawArgs = args
 	app := newApp(stdout, stderr)
 	err := app.Run(reorderArgs(app, args))
 	if err != nil && strings.HasPrefix(err.Error(), "Required flag") {

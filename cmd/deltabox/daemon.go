@@ -1,3 +1,5 @@
+//go:build !cli
+
 package main
 
 import (
@@ -38,9 +40,9 @@ func daemonCommand() *cli.Command {
 	def := config.Default() // the flags' help quotes the defaults; default.toml holds them
 	return &cli.Command{
 		Name:  "daemon",
-		Usage: "run the DeltaBox node agent (as root)",
+		Usage: daemonUsage,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config file (see `deltabox config default`)"},
+			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config `FILE` (see: deltabox config default)"},
 			&cli.StringFlag{Name: "root", Usage: "state root (default from config: " + def.Root + ")"},
 			&cli.StringFlag{Name: "address", Usage: "API socket to listen on (default from config: " + def.Address + ")"},
 			&cli.StringFlag{Name: "containerd-address", Usage: "containerd socket (default from config: " + def.Containerd.Address + ")"},

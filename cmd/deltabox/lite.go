@@ -1,0 +1,24 @@
+package main
+
+// The CLI is called once per agent step, so its start-up counts (issue 19: `deltabox exec ID
+// true` within 10 ms). Go runs the package initialisers of everything linked in, and the
+// daemon's dependencies (containerd's client and protobuf registrations, prometheus, the S3
+// client, the proxy...) cost ~6 ms of init and page faults per call. `make build` therefore
+// builds cmd/deltabox twice:
+//
+//   - bin/deltabox with `-tags cli`: every client verb, and `daemon` as a stub that replaces
+//     itself (execve) with bin/deltabox-daemon, found next to it;
+//   - bin/deltabox-daemon without tags: the same CLI with the daemon linked in.
+//
+// A plain `go build ./cmd/deltabox` gives the full binary, which works alone. Files that
+// import the daemon's packages carry `//go:build !cli`; TestCLIBuildIsLight keeps it so.
+
+const (
+	daemonUsage = "run the DeltaBox node agent (as root)"
+	// daemonBinary is the full build the cli build hands `daemon` over to.
+	daemonBinary = "deltabox-daemon"
+)
+
+// rawArgs are the command line as given (before reorderArgs), for handing over to the full
+// binary unchanged.
+var rawArgs []string

@@ -1,0 +1,35 @@
+//go:build cli
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+)
+
+// daemonCommand in the cli build hands the whole command line over to deltabox-daemon.
+func daemonCommand() *cli.Command {
+	return &cli.Command{
+		Name: "daemon", Usage: daemonUsage + " (runs " + daemonBinary + ", installed next to deltabox)",
+		SkipFlagParsing: true,
+		Action:          func(*cli.Context) error { return execFullBinary() },
+	}
+}
+
+// execFullBinary replaces this process with deltabox-daemon and the same arguments.
+func execFullBinary() error {
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find this binary to start %s next to it: %w", daemonBinary, err)
+	}
+	full := filepath.Join(filepath.Dir(self), daemonBinary)
+	if _, err := os.Stat(full); err != nil {
+		return fmt.Errorf("`deltabox daemon` runs %s, which should be installed next to %s: %w (make build builds both)", daemonBinary, self, err)
+	}
+	args := append([]string{full}, rawArgs[1:]...)
+	return fmt.Errorf("start %s: %w", full, syscall.Exec(full, args, os.Environ()))
+}
