@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -36,24 +35,26 @@ func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.c
 func run(args []string, stdout, stderr io.Writer) int {
 	rawArgs = args
 	app := newApp(stdout, stderr)
-	err := app.Run(reorderArgs(app, args))
+	if len(args) == 0 || args[len(args)-1] != completionFlag { // urfave/cli wants it last
+		args = reorderArgs(app, args)
+	}
+	err := app.Run(args)
 	if err != nil && strings.HasPrefix(err.Error(), "Required flag") {
 		err = usageError{err}
 	}
 	var code exitCodeError
 	var usage usageError
+	exit := exitError
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &code):
 		return code.code
 	case errors.As(err, &usage):
-		fmt.Fprintf(stderr, "deltabox: %v\nRun 'deltabox --help' for usage.\n", err)
-		return exitUsage
-	default:
-		fmt.Fprintf(stderr, "deltabox: %v\n", err)
-		return exitError
+		exit = exitUsage
 	}
+	printError(stderr, err, exit, outputFromArgs(app, args) == outJSON)
+	return exit
 }
 
 func newApp(stdout, stderr io.Writer) *cli.App {
@@ -63,19 +64,22 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Version:         version.Version + " (" + version.Commit + ")",
 		Writer:          stdout,
 		ErrWriter:       stderr,
-		HideVersion:     true,
+		HideVersion:     false,
 		ExitErrHandler:  func(*cli.Context, error) {},
 		CommandNotFound: func(c *cli.Context, name string) {},
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "address", Aliases: []string{"a"}, Value: client.DefaultAddress,
 				EnvVars: []string{"DELTABOX_ADDRESS"}, Usage: "daemon API socket"},
-			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "output format: text or json"},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "output `FORMAT`: text, wide, json or yaml (before or after the verb)"},
+			&cli.StringFlag{Name: "format", Usage: "print with a Go `TEMPLATE` over the JSON fields, e.g. '{{.sandbox}} {{.pool}}' (once per item of a list)"},
 		},
-		Before:   validateGlobal,
-		Commands: commands(),
+		Before:               validateGlobal,
+		Commands:             commands(),
+		EnableBashCompletion: true,
 	}
 	app.OnUsageError = onUsageError
 	markUsageErrors(app.Commands)
+	completeSandboxIDs(app.Commands)
 	return app
 }
 
@@ -85,23 +89,26 @@ func commands() []*cli.Command {
 		poolCommand(), leaseCommand(), releaseCommand(), lsCommand(), inspectCommand(), sandboxCommand(),
 		execCommand(), cpCommand(), checkpointCommand(), rollbackCommand(), commitCommand(),
 		diffCommand(), stateCommand(), verifyCommand(), effectsCommand(), snapshotCommand(), restoreCommand(), forkCommand(), docsCommand(),
-		runCommand(),
+		runCommand(), completionCommand(),
 	}
 }
 
 func onUsageError(_ *cli.Context, err error, _ bool) error { return usageError{err} }
 
-// markUsageErrors makes flag-parsing errors of every (sub)command usage errors (exit 2) and
-// rejects unknown subcommands.
+// markUsageErrors makes flag-parsing errors of every (sub)command usage errors (exit 2);
+// a command group given no subcommand lists its subcommands, and an unknown one is
+// refused with a suggestion.
 func markUsageErrors(cmds []*cli.Command) {
 	for _, c := range cmds {
 		c.OnUsageError = onUsageError
 		if len(c.Subcommands) > 0 && c.Action == nil {
 			c.Action = func(ctx *cli.Context) error {
 				if ctx.NArg() > 0 {
-					return usagef("unknown command %q for %q", ctx.Args().First(), ctx.Command.FullName())
+					return usagef("unknown command %q for %q%s", ctx.Args().First(), ctx.Command.FullName(),
+						suggest(ctx.Args().First(), ctx.Command.Subcommands))
 				}
-				return usagef("%q needs a subcommand", ctx.Command.FullName())
+				cli.HelpPrinter(ctx.App.ErrWriter, cli.SubcommandHelpTemplate, ctx.Command)
+				return usagef("%q needs a subcommand (listed above)", ctx.Command.FullName())
 			}
 		}
 		markUsageErrors(c.Subcommands)
@@ -109,33 +116,19 @@ func markUsageErrors(cmds []*cli.Command) {
 }
 
 func validateGlobal(c *cli.Context) error {
-	switch c.String("output") {
-	case "text", "json":
+	switch outputFormat(c) {
+	case outText, outWide, outJSON, outYAML:
 	default:
-		return usagef("--output %q: want text or json", c.String("output"))
+		return usagef("--output %q: want text, wide, json or yaml", outputFormat(c))
 	}
 	if c.NArg() > 0 && c.App.Command(c.Args().First()) == nil {
-		return usagef("unknown command %q", c.Args().First())
+		return usagef("unknown command %q%s", c.Args().First(), suggest(c.Args().First(), c.App.Commands))
 	}
 	return nil
 }
 
 // newClient returns an API client for the socket named by --address.
 func newClient(c *cli.Context) *client.Client { return client.New(c.String("address")) }
-
-// jsonOutput reports whether -o json was asked for.
-func jsonOutput(c *cli.Context) bool { return c.String("output") == "json" }
-
-// printResult prints v as one JSON document with -o json, or through text otherwise.
-func printResult(c *cli.Context, v any, text func(w io.Writer)) error {
-	if jsonOutput(c) {
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
-	}
-	text(c.App.Writer)
-	return nil
-}
 
 // exactArgs checks the number of positional arguments.
 func exactArgs(c *cli.Context, n int, names string) error {

@@ -29,7 +29,13 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"version"}, 0, ""},
 		{[]string{"no-such-verb"}, 2, `unknown command "no-such-verb"`},
 		{[]string{"info", "--bogus"}, 2, "bogus"},
-		{[]string{"-o", "yaml", "version"}, 2, "yaml"},
+		{[]string{"-o", "xml", "version"}, 2, "want text, wide, json or yaml"},
+		{[]string{"lesae"}, 2, `did you mean "lease"`},
+		{[]string{"pool", "crate"}, 2, `did you mean "create"`},
+		{[]string{"pool"}, 2, "create a pool of warm sandboxes"},
+		{[]string{"exec", "--timeout", "abc", "x", "true"}, 2, `--timeout "abc": want seconds`},
+		{[]string{"ls", "--filter", "colour=red"}, 2, `unknown key "colour"`},
+		{[]string{"completion", "tcsh"}, 2, "want bash, zsh or fish"},
 		{[]string{"version", "extra"}, 2, "takes 0 argument"},
 		{[]string{"config"}, 2, "needs a subcommand"},
 		{[]string{"--address", sock, "info"}, 1, sock},
@@ -114,6 +120,13 @@ func TestReorderArgs(t *testing.T) {
 		"deltabox exec -i sb-1 -- cat":                        "deltabox exec -i sb-1 -- cat",
 		"deltabox --address /s exec sb-1 -e A=1 -- env --e x": "deltabox --address /s exec -e A=1 sb-1 -- env --e x",
 		"deltabox rollback sb-1 --force --to 3":               "deltabox rollback --force --to 3 sb-1",
+		"deltabox exec sb-1 python3 -c print(1)":              "deltabox exec sb-1 python3 -c print(1)",
+		"deltabox exec -o json sb-1 ls -o x":                  "deltabox -o json exec sb-1 ls -o x",
+		"deltabox exec sb-1 ls -la -- x":                      "deltabox exec sb-1 ls -la -- x",
+		"deltabox ls -o json":                                 "deltabox -o json ls",
+		"deltabox pool ls --output=yaml":                      "deltabox --output=yaml pool ls",
+		"deltabox help pool create":                           "deltabox pool create --help",
+		"deltabox daemon --address /s":                        "deltabox daemon --address /s",
 	}
 	for in, want := range cases {
 		if got := strings.Join(reorderArgs(app, strings.Fields(in)), " "); got != want {

@@ -1,37 +1,121 @@
 package main
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 )
 
-// reorderArgs moves a command's flags in front of its positional arguments, so that
-// `deltabox pool create NAME --image X` works: urfave/cli v2 stops parsing flags at the first
-// positional argument. Everything after "--" is left alone (exec's command line).
+// passThrough names the verbs whose arguments after the first positional one are a command
+// line of their own, passed on untouched (`deltabox exec ID ls -la`): their flags stop at the
+// first positional argument, as docker's do. A "--" right after it is still accepted.
+var passThrough = map[string]bool{"exec": true}
+
+// reorderArgs rewrites a command line into the shape urfave/cli v2 parses, so that the CLI
+// takes flags where docker and kubectl users put them:
+//   - a command's flags after its positional arguments (`pool create NAME --image X`) move in
+//     front of them: urfave/cli stops parsing flags at the first positional argument;
+//   - global flags after the verb (`ls -o json`) move in front of the verb, unless the verb
+//     has a flag of that name itself;
+//   - `help VERB [SUB...]` becomes `VERB [SUB...] --help`, so that help reaches subcommands.
+//
+// Everything after "--", and a pass-through verb's command line, is left alone.
 func reorderArgs(app *cli.App, args []string) []string {
 	if len(args) < 2 {
 		return args
 	}
-	out := []string{args[0]}
-	rest := args[1:]
-	flags, cmds := app.Flags, app.Commands
-	for {
-		lead, tail := splitLeadingFlags(rest, flags)
-		out = append(out, lead...)
-		if len(tail) == 0 {
-			return out
-		}
-		cmd := findCommand(cmds, tail[0])
+	globals, rest := splitLeadingFlags(args[1:], app.Flags)
+	if len(rest) > 1 && (rest[0] == "help" || rest[0] == "h") {
+		rest = append(append([]string{}, rest[1:]...), "--help")
+	}
+	var cmdPath []string
+	cmds := app.Commands
+	for len(rest) > 0 {
+		cmd := findCommand(cmds, rest[0])
 		if cmd == nil {
-			return append(out, tail...)
+			break
 		}
-		out = append(out, tail[0])
-		rest, flags, cmds = tail[1:], cmd.Flags, cmd.Subcommands
-		if len(cmds) == 0 {
-			return append(out, moveFlagsFirst(rest, flags)...)
+		cmdPath = append(cmdPath, rest[0])
+		var lead []string
+		lead, rest = splitLeadingFlags(rest[1:], append(append([]cli.Flag{}, cmd.Flags...), app.Flags...))
+		g, own := hoistGlobals(lead, app.Flags, cmd.Flags)
+		globals = append(globals, g...)
+		cmdPath = append(cmdPath, own...)
+		if len(cmd.Subcommands) > 0 {
+			cmds = cmd.Subcommands
+			continue
+		}
+		if passThrough[cmd.Name] {
+			g, own := hoistGlobals(oldStyleExec(rest, cmd.Flags, app.Flags), app.Flags, cmd.Flags)
+			globals = append(globals, g...)
+			cmdPath = append(cmdPath, own...)
+		} else {
+			g, leaf := hoistGlobals(moveFlagsFirst(rest, append(append([]cli.Flag{}, cmd.Flags...), app.Flags...)), app.Flags, cmd.Flags)
+			globals = append(globals, g...)
+			cmdPath = append(cmdPath, leaf...)
+		}
+		rest = nil
+	}
+	out := append([]string{args[0]}, globals...)
+	out = append(out, cmdPath...)
+	return append(out, rest...)
+}
+
+// oldStyleExec accepts the older `exec ID [FLAGS] -- CMD` form: when everything between the
+// ID and a "--" is the verb's (or global) flags, they move in front of the ID. Anything else
+// is left alone: it is the command line.
+func oldStyleExec(args []string, cmdFlags, globalFlags []cli.Flag) []string {
+	dash := slices.Index(args, "--")
+	if dash < 2 {
+		return args
+	}
+	all := append(append([]cli.Flag{}, cmdFlags...), globalFlags...)
+	mid := args[1:dash]
+	for i := 0; i < len(mid); {
+		if !isFlag(mid[i]) || lookupFlag(all, flagName(mid[i])) == nil {
+			return args
+		}
+		i += flagWidth(mid[i], all)
+	}
+	out := append(append([]string{}, mid...), args[0])
+	return append(out, args[dash:]...)
+}
+
+// hoistGlobals splits args (flags first, then positionals) into the global flags among the
+// leading flags that cmdFlags does not define, and the rest in order.
+func hoistGlobals(args []string, globalFlags, cmdFlags []cli.Flag) (globals, rest []string) {
+	all := append(append([]cli.Flag{}, cmdFlags...), globalFlags...)
+	i := 0
+	for i < len(args) && isFlag(args[i]) {
+		n := min(flagWidth(args[i], all), len(args)-i)
+		name := flagName(args[i])
+		if lookupFlag(globalFlags, name) != nil && lookupFlag(cmdFlags, name) == nil {
+			globals = append(globals, args[i:i+n]...)
+		} else {
+			rest = append(rest, args[i:i+n]...)
+		}
+		i += n
+	}
+	return globals, append(rest, args[i:]...)
+}
+
+func isFlag(a string) bool { return strings.HasPrefix(a, "-") && a != "-" && a != "--" }
+
+func flagName(arg string) string {
+	name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+	return name
+}
+
+func lookupFlag(flags []cli.Flag, name string) cli.Flag {
+	for _, f := range flags {
+		for _, n := range f.Names() {
+			if n == name {
+				return f
+			}
 		}
 	}
+	return nil
 }
 
 func findCommand(cmds []*cli.Command, name string) *cli.Command {
@@ -46,7 +130,7 @@ func findCommand(cmds []*cli.Command, name string) *cli.Command {
 // splitLeadingFlags returns the flags (with their values) at the start of args, and the rest.
 func splitLeadingFlags(args []string, flags []cli.Flag) ([]string, []string) {
 	i := 0
-	for i < len(args) && strings.HasPrefix(args[i], "-") && args[i] != "--" && args[i] != "-" {
+	for i < len(args) && isFlag(args[i]) {
 		i += flagWidth(args[i], flags)
 	}
 	i = min(i, len(args))
@@ -62,7 +146,7 @@ func moveFlagsFirst(args []string, flags []cli.Flag) []string {
 			pos = append(pos, args[i:]...)
 			break
 		}
-		if strings.HasPrefix(a, "-") && a != "-" {
+		if isFlag(a) {
 			n := min(flagWidth(a, flags), len(args)-i)
 			lead = append(lead, args[i:i+n]...)
 			i += n
@@ -76,20 +160,35 @@ func moveFlagsFirst(args []string, flags []cli.Flag) []string {
 
 // flagWidth is 2 for a value flag given as "--name value", else 1.
 func flagWidth(arg string, flags []cli.Flag) int {
-	name := strings.TrimLeft(arg, "-")
-	if strings.Contains(name, "=") {
+	if strings.Contains(arg, "=") {
 		return 1
 	}
-	for _, f := range flags {
-		for _, n := range f.Names() {
-			if n != name {
-				continue
-			}
-			if _, isBool := f.(*cli.BoolFlag); isBool {
-				return 1
-			}
-			return 2
+	f := lookupFlag(flags, flagName(arg))
+	if f == nil {
+		return 1
+	}
+	if _, isBool := f.(*cli.BoolFlag); isBool {
+		return 1
+	}
+	return 2
+}
+
+// outputFromArgs finds -o/--output in a reordered command line's global flags (before the
+// verb), for reporting errors in the asked format when parsing failed.
+func outputFromArgs(app *cli.App, args []string) string {
+	if len(args) < 2 {
+		return ""
+	}
+	lead, _ := splitLeadingFlags(args[1:], app.Flags)
+	out := ""
+	for i := 0; i < len(lead); i++ {
+		switch name := flagName(lead[i]); {
+		case name != "o" && name != "output":
+		case strings.Contains(lead[i], "="):
+			_, out, _ = strings.Cut(lead[i], "=")
+		case i+1 < len(lead):
+			out = lead[i+1]
 		}
 	}
-	return 1
+	return out
 }

@@ -2,11 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/urfave/cli/v2"
 
 	"github.com/deltabox/deltabox/orchestrator/api"
@@ -15,13 +19,17 @@ import (
 func execCommand() *cli.Command {
 	return &cli.Command{
 		Name: "exec", Usage: "run a command in a sandbox; exits with the command's exit code",
-		ArgsUsage: "ID -- CMD [ARGS...]",
+		ArgsUsage: "ID CMD [ARGS...]",
+		Description: "Flags go before ID; everything after ID is the command line, passed as is\n" +
+			"(`deltabox exec ID python3 -c 'print(1)'`; a -- after ID is accepted too).",
+		UseShortOptionHandling: true,
 		Flags: []cli.Flag{
-			&cli.DurationFlag{Name: "timeout", Usage: "kill the command's process group after this long"},
+			&cli.StringFlag{Name: "timeout", Usage: "kill the command's process group after `SECONDS` (30, 0.5) or a duration (1m30s)"},
 			&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "K=V (repeatable)"},
 			&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Usage: "working directory"},
 			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Usage: "uid[:gid] or name[:group]"},
 			&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "pass standard input to the command"},
+			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal (not available yet: the sandbox init has no pty support)"},
 			&cli.Int64Flag{Name: "output-cap", Usage: "bytes of output kept per stream (0: all)"},
 			&cli.StringFlag{Name: "via", Usage: "init (fast) or containerd (runc exec); default: init, containerd if the init does not answer"},
 		},
@@ -31,17 +39,24 @@ func execCommand() *cli.Command {
 
 func runExec(c *cli.Context) error {
 	if c.NArg() < 2 {
-		return usagef("exec needs a sandbox ID and a command: deltabox exec ID -- CMD [ARGS...]")
+		return usagef("exec needs a sandbox ID and a command: deltabox exec [FLAGS] ID CMD [ARGS...]")
+	}
+	if c.Bool("tty") {
+		return fmt.Errorf("exec -t: the sandbox init cannot host a terminal yet; run without -t (-i passes stdin): %w", errdefs.ErrNotImplemented)
+	}
+	timeout, err := parseTimeout(c.String("timeout"))
+	if err != nil {
+		return err
 	}
 	args := c.Args().Slice()
 	if args[1] == "--" {
 		args = append(args[:1], args[2:]...)
 	}
 	if len(args) < 2 {
-		return usagef("exec needs a command after --")
+		return usagef("exec needs a command after the sandbox ID")
 	}
 	req := api.ExecRequest{Argv: args[1:], Env: c.StringSlice("env"), Workdir: c.String("workdir"),
-		User: c.String("user"), Timeout: c.Duration("timeout"), OutputCap: c.Int64("output-cap"), Via: c.String("via")}
+		User: c.String("user"), Timeout: timeout, OutputCap: c.Int64("output-cap"), Via: c.String("via")}
 	var stdin io.Reader
 	if c.Bool("interactive") {
 		stdin = os.Stdin
@@ -63,10 +78,43 @@ func runExec(c *cli.Context) error {
 	} else if st.TimedOut {
 		io.WriteString(c.App.ErrWriter, "deltabox: command timed out after "+req.Timeout.String()+" and was killed\n")
 	}
+	if jw == nil {
+		reportTruncation(c.App.ErrWriter, st, req.OutputCap)
+	}
 	if st.Code != 0 {
 		return exitCodeError{code: st.Code}
 	}
 	return nil
+}
+
+// parseTimeout reads --timeout: plain seconds ("30", "0.5") or a Go duration ("1m30s").
+func parseTimeout(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if secs, err := strconv.ParseFloat(s, 64); err == nil && secs >= 0 && secs < 1e9 {
+		return time.Duration(secs * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, usagef("--timeout %q: want seconds (30, 0.5) or a duration (90s, 1m30s)", s)
+	}
+	return d, nil
+}
+
+// reportTruncation says on stderr which streams --output-cap cut, so that a short output is
+// not mistaken for the whole of it.
+func reportTruncation(w io.Writer, st api.ExitStatus, limit int64) {
+	var cut []string
+	if st.StdoutTruncated {
+		cut = append(cut, "stdout")
+	}
+	if st.StderrTruncated {
+		cut = append(cut, "stderr")
+	}
+	if len(cut) > 0 {
+		fmt.Fprintf(w, "deltabox: %s cut at %d bytes (--output-cap); the rest was dropped\n", strings.Join(cut, " and "), limit)
+	}
 }
 
 // jsonLines prints exec output as JSON lines: {"stdout": "..."}, {"stderr": "..."}, and a
