@@ -58,6 +58,7 @@ not in tests).
 |---|---|---|
 | lease p50 <= 5 ms, >= 20x faster than cold \`ctr run --rm\` (3) | lease-api-p50-ms, ctr-run/lease-x | integration LeaseVsCtrRun |
 | exec \`true\` p50 <= 5 ms, >= 5x faster than \`ctr task exec\` (3) | exec-api-p50-ms, ctr-exec/exec-x | integration ExecVsCtrExec |
+| \`deltabox lease\` and \`deltabox exec ID true\` through the CLI p50 <= 10 ms, against the API call in the same run (19) | lease-cli-p50-ms vs lease-api-p50-ms, exec-cli-p50-ms vs exec-api-p50-ms | integration LeaseVsCtrRun, ExecVsCtrExec |
 | pool back to 10 ready within 3 s after 10 leases (3) | refill10-p99-ms | integration Refill |
 | 100 warm sandboxes: memory each, lease p50 (3) | MiB/sandbox, lease100-p50-ms | integration Density |
 | L1 checkpoint, 10 x 4 KiB changed in 5,000 files: p50 <= 5 ms, p99 <= 20 ms; frozen window (4) | ckpt-l1-*, ckpt-frozen-* | integration CheckpointRollback (through the API) and overlay CaptureL1 (the capture alone, p50-ns) |

@@ -37,6 +37,10 @@ func reorderArgs(app *cli.App, args []string) []string {
 			break
 		}
 		cmdPath = append(cmdPath, rest[0])
+		if cmd.SkipFlagParsing { // handed over whole (the cli build's `daemon`)
+			cmdPath, rest = append(cmdPath, rest[1:]...), nil
+			break
+		}
 		var lead []string
 		lead, rest = splitLeadingFlags(rest[1:], append(append([]cli.Flag{}, cmd.Flags...), app.Flags...))
 		g, own := hoistGlobals(lead, app.Flags, cmd.Flags)

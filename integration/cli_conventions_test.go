@@ -1,0 +1,122 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+// TestCLIConventions runs the CLI the way docker and kubectl users do (issue 19), against a
+// real daemon: one case per convention, each checking the exit code and what was printed.
+func TestCLIConventions(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("conv", busyboxImage, 2, "--label", "team=a")
+	a := d.lease("conv", "--label", "who=alice")
+	b := d.lease("conv", "--label", "who=bob")
+	missing := filepath.Join(shortTempDir(t), "nothing.sock")
+
+	type tc struct {
+		name   string
+		args   []string
+		code   int
+		stdout []string // substrings of stdout
+		stderr []string // substrings of stderr
+		check  func(t *testing.T, stdout, stderr string)
+	}
+	cases := []tc{
+		// 1. exec like docker.
+		{name: "exec without --", args: []string{"exec", a.ID, "sh", "-c", "echo hi; echo -n x >&2"}, stdout: []string{"hi\n"}, stderr: []string{"x"}},
+		{name: "exec flags before the ID, command flags kept", args: []string{"exec", "-e", "V=1", a.ID, "sh", "-c", "echo $V $0", "-o"}, stdout: []string{"1 -o"}},
+		{name: "exec old form with --", args: []string{"exec", a.ID, "--timeout", "5", "--", "echo", "ok"}, stdout: []string{"ok"}},
+		{name: "exec exit code", args: []string{"exec", a.ID, "sh", "-c", "exit 7"}, code: 7},
+		{name: "exec --timeout plain seconds", args: []string{"exec", "--timeout", "0.3", a.ID, "sleep", "5"}, code: 137, stderr: []string{"timed out after 300ms"}},
+		{name: "exec bad --timeout", args: []string{"exec", "--timeout", "soon", a.ID, "true"}, code: 2, stderr: []string{`--timeout "soon": want seconds`}},
+		{name: "exec output cap says it cut", args: []string{"exec", "--output-cap", "4", a.ID, "echo", "0123456789"}, stdout: []string{"0123"}, stderr: []string{"stdout cut at 4 bytes (--output-cap)"}},
+		{name: "exec -t says what is missing", args: []string{"exec", "-it", a.ID, "sh"}, code: 1, stderr: []string{"not_implemented", "without -t"}},
+		// 2. output like kubectl.
+		{name: "-o json after the verb", args: []string{"ls", "-o", "json"}, check: func(t *testing.T, out, _ string) {
+			var sbs []api.Sandbox
+			if err := json.Unmarshal([]byte(out), &sbs); err != nil || len(sbs) != 2 {
+				t.Fatalf("ls -o json: %v\n%s", err, out)
+			}
+		}},
+		{name: "-o yaml", args: []string{"inspect", a.ID, "-o", "yaml"}, check: func(t *testing.T, out, _ string) {
+			var m map[string]any
+			if err := yaml.Unmarshal([]byte(out), &m); err != nil || m["pool"] != "conv" {
+				t.Fatalf("inspect -o yaml: %v\n%s", err, out)
+			}
+		}},
+		{name: "-o wide", args: []string{"ls", "-o", "wide"}, stdout: []string{"IP", "LABELS", "who=alice"}},
+		{name: "--format template per item", args: []string{"ls", "--format", "{{.pool}}:{{.labels.who}}"}, stdout: []string{"conv:alice\n", "conv:bob\n"}},
+		{name: "ls -q", args: []string{"ls", "-q"}, check: func(t *testing.T, out, _ string) {
+			if f := strings.Fields(out); len(f) != 2 || !strings.Contains(out, a.ID) || !strings.Contains(out, b.ID) {
+				t.Fatalf("ls -q printed %q", out)
+			}
+		}},
+		{name: "ls --filter label", args: []string{"ls", "-q", "--filter", "label=who=bob"}, check: func(t *testing.T, out, _ string) {
+			if strings.TrimSpace(out) != b.ID {
+				t.Fatalf("ls -q --filter label=who=bob printed %q, want %s", out, b.ID)
+			}
+		}},
+		{name: "ls --filter pool,state", args: []string{"ls", "-q", "--filter", "pool=conv,state=leased"}, check: func(t *testing.T, out, _ string) {
+			if len(strings.Fields(out)) != 2 {
+				t.Fatalf("ls --filter pool=conv,state=leased printed %q", out)
+			}
+		}},
+		{name: "ls --filter no match is []", args: []string{"-o", "json", "ls", "--filter", "pool=other"}, stdout: []string{"[]"}},
+		{name: "JSON error with the API code", args: []string{"inspect", "no-such-sandbox", "-o", "json"}, code: 1, check: func(t *testing.T, _, errOut string) {
+			var e struct {
+				Error struct{ Code, Message string }
+			}
+			if err := json.Unmarshal([]byte(errOut), &e); err != nil || e.Error.Code != "not_found" || !strings.Contains(e.Error.Message, "no-such-sandbox") {
+				t.Fatalf("stderr is not a not_found JSON error: %v\n%s", err, errOut)
+			}
+		}},
+		{name: "text error names the code once", args: []string{"pool", "create", "conv", "--image", busyboxImage}, code: 1, check: func(t *testing.T, _, errOut string) {
+			if !strings.HasPrefix(errOut, "deltabox: conflict: ") || strings.Contains(errOut, "already exists: already exists") {
+				t.Fatalf("stderr %q: want `deltabox: conflict: ...` without the class repeated", errOut)
+			}
+		}},
+		{name: "unknown pool", args: []string{"lease", "--pool", "nope"}, code: 1, stderr: []string{"not_found", "nope"}},
+		{name: "unreachable socket", args: []string{"--address", missing, "ls"}, code: 1, stderr: []string{"unavailable", missing, "deltabox daemon"}},
+		{name: "mistyped verb suggests", args: []string{"relaese", a.ID}, code: 2, stderr: []string{`did you mean "release"`}},
+		{name: "--version", args: []string{"--version"}, stdout: []string{"deltabox version"}},
+		{name: "help of a subcommand", args: []string{"help", "pool", "create"}, stdout: []string{"deltabox pool create", "--min-ready"}},
+		{name: "group lists its subcommands", args: []string{"pool"}, code: 2, stderr: []string{"create", "scale", "needs a subcommand"}},
+		{name: "daemon --help shows FILE", args: []string{"daemon", "--help"}, stdout: []string{"--config FILE"}},
+		{name: "bash completion", args: []string{"completion", "bash"}, stdout: []string{"complete -o default -F _deltabox_complete deltabox"}},
+		{name: "zsh completion", args: []string{"completion", "zsh"}, stdout: []string{"compdef _deltabox deltabox"}},
+		{name: "fish completion", args: []string{"completion", "fish"}, stdout: []string{"complete -c deltabox"}},
+		{name: "completion of verbs", args: []string{"pool", "--generate-bash-completion"}, stdout: []string{"create\n", "scale\n"}},
+		{name: "completion of sandbox IDs", args: []string{"exec", "--generate-bash-completion"}, stdout: []string{a.ID, b.ID}},
+		// Several IDs; the last case releases both sandboxes.
+		{name: "several IDs, one missing", args: []string{"release", a.ID, "no-such-sandbox", b.ID}, code: 1, stdout: []string{a.ID + "\n", b.ID + "\n"}, stderr: []string{"no-such-sandbox", "not_found"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, errOut, code := d.cliRaw(c.args...)
+			if code != c.code {
+				t.Fatalf("deltabox %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(c.args, " "), code, c.code, out, errOut)
+			}
+			for _, s := range c.stdout {
+				mustContain(t, "stdout of deltabox "+strings.Join(c.args, " "), out, s)
+			}
+			for _, s := range c.stderr {
+				mustContain(t, "stderr of deltabox "+strings.Join(c.args, " "), errOut, s)
+			}
+			if c.check != nil {
+				c.check(t, out, errOut)
+			}
+		})
+	}
+	if out := d.cli("ls", "-q"); strings.TrimSpace(out) != "" {
+		t.Fatalf("release a b c left sandboxes leased: %q", out)
+	}
+	_ = os.Remove(missing)
+}
