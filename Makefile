@@ -18,9 +18,10 @@ CONTAINERD_ADDRESS = $(shell bash hack/containerd.sh address)
 NODE2_ROOT = /var/lib/deltabox-dev2
 CONTAINERD2_ADDRESS = $(shell DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/containerd.sh address)
 TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
-	DELTABOX_CONTAINERD_ADDRESS=$(CONTAINERD_ADDRESS) DELTABOX_CONTAINERD2_ADDRESS=$(CONTAINERD2_ADDRESS)
+	DELTABOX_CONTAINERD_ADDRESS=$(CONTAINERD_ADDRESS) DELTABOX_CONTAINERD2_ADDRESS=$(CONTAINERD2_ADDRESS) \
+	DELTABOX_E2B_NODE_PATH=$(shell bash hack/e2b-sdk.sh path)
 
-.PHONY: build deps containerd images npm setup test test-soak test-unit demo bench lint docs clean
+.PHONY: build deps containerd images npm e2b-sdk setup test test-soak test-unit demo bench lint docs clean
 
 # bin/deltabox is the light client build (-tags cli: no daemon dependencies, fast to start);
 # its `daemon` verb runs bin/deltabox-daemon, the full build (cmd/deltabox/lite.go).
@@ -41,10 +42,13 @@ images: containerd ## build and import the busybox and python images (into both 
 	DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/containerd.sh start
 	DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/images.sh
 
-setup: deps containerd images npm
+setup: deps containerd images npm e2b-sdk
 
 npm: ## install the pinned npm dependencies of sdk/typescript and sdk/langgraph and build them
 	bash hack/npm.sh
+
+e2b-sdk: ## install the pinned e2b JS SDK the E2B-compatibility tests run (integration/e2b)
+	bash hack/e2b-sdk.sh
 
 # -p 1: packages one at a time; the root tests of several packages share containerd, iptables
 # and CRIU's network lock, and their timings are tuned for a machine they have to themselves.

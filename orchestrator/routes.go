@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -130,35 +131,50 @@ func (o *Orchestrator) scalePool(r *http.Request) (any, error) {
 }
 
 func (o *Orchestrator) lease(r *http.Request) (any, error) {
-	start := time.Now()
 	var req api.LeaseRequest
 	if err := decode(r, &req); err != nil {
 		return nil, err
 	}
+	return o.Lease(r.Context(), r.PathValue("name"), req)
+}
+
+// Lease takes a sandbox from the pool name with the late-bound settings of req and starts
+// its session (first checkpoint), as POST /v1/pools/{name}/lease does.
+func (o *Orchestrator) Lease(ctx context.Context, name string, req api.LeaseRequest) (api.Lease, error) {
+	start := time.Now()
 	if err := ValidatePolicy(req.EgressPolicy); err != nil {
-		return nil, fmt.Errorf("egress policy: %w", err)
+		return api.Lease{}, fmt.Errorf("egress policy: %w", err)
 	}
-	res, err := o.pools.Lease(r.Context(), r.PathValue("name"), pool.LeaseRequest{Env: req.Env, Labels: req.Labels, EgressPolicy: req.EgressPolicy})
+	res, err := o.pools.Lease(ctx, name, pool.LeaseRequest{Env: req.Env, Labels: req.Labels, EgressPolicy: req.EgressPolicy})
 	if err != nil {
-		return nil, err
+		return api.Lease{}, err
 	}
-	o.startSession(r.Context(), res.Sandbox)
+	o.startSession(ctx, res.Sandbox)
 	return api.Lease{LeaseResult: apiLeaseResult(res), LeaseMS: float64(time.Since(start).Microseconds()) / 1000}, nil
 }
 
 func (o *Orchestrator) release(r *http.Request) (any, error) {
 	id := r.PathValue("id")
+	if err := o.Release(r.Context(), id); err != nil {
+		return nil, err
+	}
+	return map[string]string{"released": id}, nil
+}
+
+// Release gives a leased sandbox back to its pool and ends its session, as
+// POST /v1/sandboxes/{id}/release does.
+func (o *Orchestrator) Release(ctx context.Context, id string) error {
 	// The proxy forgets the sandbox's address before the pool can hand the sandbox (and so
 	// the address) to the next lease.
 	if sb, err := o.pools.Get(id); err == nil {
 		o.unregisterEgress(sb)
 	}
-	if err := o.pools.Release(r.Context(), id); err != nil {
-		return nil, err
+	if err := o.pools.Release(ctx, id); err != nil {
+		return err
 	}
 	if err := failpoint.Inject("release/before-forget"); err != nil {
-		return nil, err
+		return err
 	}
-	o.endSession(r.Context(), id)
-	return map[string]string{"released": id}, nil
+	o.endSession(ctx, id)
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/deltabox/deltabox/internal/rootfs"
+	"github.com/deltabox/deltabox/pool/initproto"
 )
 
 // root opens a leased sandbox's root filesystem as its init sees it, for symlink-safe
@@ -68,4 +69,22 @@ func (m *Manager) openPath(id, src string) (*rootfs.Root, string, error) {
 		return nil, "", err
 	}
 	return root, rel, nil
+}
+
+// Root opens a leased sandbox's root filesystem for symlink-safe access from the host (see
+// root); the caller closes it.
+func (m *Manager) Root(id string) (*rootfs.Root, error) { return m.root(id) }
+
+// KillTag kills (SIGKILL) the processes of a leased sandbox's execs tagged tag, and their
+// descendants, through the sandbox's init.
+func (m *Manager) KillTag(ctx context.Context, id, tag string) (int, error) {
+	sb, err := m.Get(id)
+	if err != nil {
+		return 0, err
+	}
+	if err := sb.Usable(); err != nil {
+		return 0, err
+	}
+	resp, err := sb.initc.Kill(ctx, initproto.KillRequest{Tag: tag})
+	return len(resp.Killed), err
 }

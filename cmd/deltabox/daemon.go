@@ -132,6 +132,9 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	if err := serveMetrics(ctx, cfg.Metrics.Address, registry); err != nil {
 		return err
 	}
+	if err := serveE2B(ctx, cfg.E2B, o); err != nil {
+		return err
+	}
 	srv := &http.Server{Handler: o.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()

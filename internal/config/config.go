@@ -6,6 +6,7 @@ package config
 import (
 	_ "embed"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -35,6 +36,7 @@ type Config struct {
 	Egress      Egress      `toml:"egress"`
 	Snapshots   Snapshots   `toml:"snapshots"`
 	Sandbox     Sandbox     `toml:"sandbox"`
+	E2B         E2B         `toml:"e2b"`
 }
 
 // Sandbox holds the limits of sandboxes whose pool sets none. Sizes are strings such as
@@ -168,6 +170,48 @@ type ObjectStore struct {
 	URI string `toml:"uri"`
 }
 
+// E2B configures the E2B-compatible API.
+type E2B struct {
+	Address        string   `toml:"address"`
+	APIKeysFile    string   `toml:"api_keys_file"`
+	TLSCertFile    string   `toml:"tls_cert_file"`
+	TLSKeyFile     string   `toml:"tls_key_file"`
+	DefaultTimeout Duration `toml:"default_timeout"`
+	MaxTimeout     Duration `toml:"max_timeout"`
+}
+
+func (e E2B) validate(name string) error {
+	if e.Address == "" {
+		return nil
+	}
+	if e.APIKeysFile == "" {
+		return fmt.Errorf("config %s: e2b.address is set but e2b.api_keys_file is not: %w", name, errdefs.ErrInvalidArgument)
+	}
+	if (e.TLSCertFile == "") != (e.TLSKeyFile == "") {
+		return fmt.Errorf("config %s: e2b.tls_cert_file and e2b.tls_key_file go together: %w", name, errdefs.ErrInvalidArgument)
+	}
+	if e.TLSCertFile == "" && !loopback(e.Address) {
+		return fmt.Errorf("config %s: e2b.address %q is not a loopback address: set e2b.tls_cert_file and e2b.tls_key_file: %w", name, e.Address, errdefs.ErrInvalidArgument)
+	}
+	if e.DefaultTimeout.Duration <= 0 || e.MaxTimeout.Duration < e.DefaultTimeout.Duration {
+		return fmt.Errorf("config %s: e2b timeouts: want 0 < default_timeout <= max_timeout: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// loopback reports whether a host:port listens on a loopback address only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // Metrics configures the Prometheus endpoint.
 type Metrics struct {
 	Address string `toml:"address"`
@@ -234,6 +278,9 @@ func (c Config) validate(name string) error {
 	}
 	if c.Snapshots.RestoreTimeout.Duration < time.Second {
 		return fmt.Errorf("config %s: snapshots.restore_timeout = %s: want at least 1s: %w", name, c.Snapshots.RestoreTimeout, errdefs.ErrInvalidArgument)
+	}
+	if err := c.E2B.validate(name); err != nil {
+		return err
 	}
 	if err := c.Sandbox.validate(); err != nil {
 		return fmt.Errorf("config %s: %w", name, err)

@@ -1,0 +1,229 @@
+// The real e2b SDK (pinned in package.json) against DeltaBox's E2B-compatible API.
+// Run by integration/e2b_test.go with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY pointing at
+// a daemon whose pool DELTABOX_E2B_TEMPLATE is warm; DELTABOX_E2B_OTHER_KEY is a second tenant.
+'use strict'
+const { test } = require('node:test')
+const assert = require('node:assert/strict')
+const {
+  Sandbox, CommandExitError, AuthenticationError, NotFoundError, FileNotFoundError, SandboxError,
+} = require('e2b')
+
+const template = process.env.DELTABOX_E2B_TEMPLATE
+const otherKey = process.env.DELTABOX_E2B_OTHER_KEY
+const apiUrl = process.env.E2B_API_URL
+assert.ok(template && otherKey && apiUrl && process.env.E2B_SANDBOX_URL, 'the Go test sets the environment')
+
+// create makes a sandbox that is killed when the test t ends (the pool is small).
+async function create(t, opts) {
+  const sb = await Sandbox.create(template, opts)
+  t.after(() => sb.kill().catch(() => {}))
+  return sb
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+async function waitFor(what, fn, ms = 5000) {
+  const end = Date.now() + ms
+  for (;;) {
+    if (await fn()) return
+    if (Date.now() > end) assert.fail(`timed out waiting for ${what}`)
+    await sleep(25)
+  }
+}
+
+// deltabox calls one of DeltaBox's own routes on an E2B sandbox.
+async function deltabox(sandboxId, route, body, key = process.env.E2B_API_KEY) {
+  const res = await fetch(`${apiUrl}/sandboxes/${sandboxId}/deltabox/${route}`, {
+    method: body === undefined ? 'GET' : 'POST',
+    headers: { 'X-API-KEY': key, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  })
+  const text = await res.text()
+  return { status: res.status, body: text ? JSON.parse(text) : null }
+}
+
+test('create, info and list', async (t) => {
+  const sb = await create(t, { metadata: { purpose: 'e2b-test' } })
+  assert.match(sb.sandboxId, /\S/)
+  const info = await sb.getInfo()
+  assert.equal(info.sandboxId, sb.sandboxId)
+  assert.equal(info.templateId, template)
+  assert.equal(info.state, 'running')
+  assert.deepEqual(info.metadata, { purpose: 'e2b-test' })
+  assert.ok(info.endAt > info.startedAt)
+  const items = await Sandbox.list({ query: { metadata: { purpose: 'e2b-test' } } }).nextItems()
+  assert.ok(items.some((s) => s.sandboxId === sb.sandboxId), 'list shows the sandbox')
+  assert.equal(await sb.isRunning(), true)
+})
+
+test('commands.run in the foreground: exit code, stdout and stderr', async (t) => {
+  const sb = await create(t)
+  const ok = await sb.commands.run('echo out; echo err >&2', { envs: { X: 'y' } })
+  assert.equal(ok.exitCode, 0)
+  assert.equal(ok.stdout, 'out\n')
+  assert.equal(ok.stderr, 'err\n')
+  const env = await sb.commands.run('echo $X; pwd', { envs: { X: 'from-envs' }, cwd: '/tmp' })
+  assert.equal(env.stdout, 'from-envs\n/tmp\n')
+  await assert.rejects(sb.commands.run('echo bad >&2; exit 3'), (err) => {
+    assert.ok(err instanceof CommandExitError)
+    assert.equal(err.exitCode, 3)
+    assert.equal(err.stderr, 'bad\n')
+    return true
+  })
+})
+
+test('commands in the background: callbacks, list, connect, kill', async (t) => {
+  const sb = await create(t)
+  const seen = []
+  const h = await sb.commands.run('for i in 1 2 3; do echo $i; sleep 0.05; done', {
+    background: true, onStdout: (d) => seen.push(d),
+  })
+  assert.ok(h.pid > 0)
+  const res = await h.wait()
+  assert.equal(res.exitCode, 0)
+  assert.equal(seen.join(''), '1\n2\n3\n')
+
+  const long = await sb.commands.run('sleep 30', { background: true })
+  const procs = await sb.commands.list()
+  assert.ok(procs.some((p) => p.pid === long.pid), 'list shows the running command')
+  const again = await sb.commands.connect(long.pid)
+  assert.equal(again.pid, long.pid)
+  assert.equal(await sb.commands.kill(long.pid), true)
+  await assert.rejects(long.wait(), (err) => err instanceof CommandExitError && err.exitCode !== 0)
+  await waitFor('the killed command to leave the list', async () =>
+    !(await sb.commands.list()).some((p) => p.pid === long.pid))
+  assert.equal(await sb.commands.kill(long.pid), false, 'killing a gone command reports false')
+})
+
+test('stdin: send and close', async (t) => {
+  const sb = await create(t)
+  const h = await sb.commands.run('cat', { background: true, stdin: true })
+  await h.sendStdin('hello ')
+  await sb.commands.sendStdin(h.pid, 'world\n')
+  await h.closeStdin()
+  const res = await h.wait()
+  assert.equal(res.stdout, 'hello world\n')
+})
+
+test('files: write, read, list, stat, rename, make dir, remove', async (t) => {
+  const sb = await create(t)
+  const info = await sb.files.write('/tmp/e2b/a.txt', 'hello files')
+  assert.equal(info.path, '/tmp/e2b/a.txt')
+  assert.equal(await sb.files.read('/tmp/e2b/a.txt'), 'hello files')
+  const bytes = await sb.files.read('/tmp/e2b/a.txt', { format: 'bytes' })
+  assert.equal(Buffer.from(bytes).toString(), 'hello files')
+  await sb.files.write([{ path: '/tmp/e2b/b.txt', data: 'B' }, { path: '/tmp/e2b/sub/c.txt', data: 'C' }])
+  assert.equal((await sb.commands.run('cat /tmp/e2b/b.txt /tmp/e2b/sub/c.txt')).stdout, 'BC')
+  const names = (await sb.files.list('/tmp/e2b')).map((e) => `${e.name}:${e.type}`).sort()
+  assert.deepEqual(names, ['a.txt:file', 'b.txt:file', 'sub:dir'])
+  const deep = (await sb.files.list('/tmp/e2b', { depth: 2 })).map((e) => e.path).sort()
+  assert.ok(deep.includes('/tmp/e2b/sub/c.txt'))
+  const st = await sb.files.getInfo('/tmp/e2b/a.txt')
+  assert.equal(st.size, 11)
+  assert.equal(st.type, 'file')
+  assert.equal(await sb.files.exists('/tmp/e2b/a.txt'), true)
+  assert.equal(await sb.files.exists('/tmp/e2b/nope'), false)
+  const moved = await sb.files.rename('/tmp/e2b/a.txt', '/tmp/e2b/moved.txt')
+  assert.equal(moved.path, '/tmp/e2b/moved.txt')
+  assert.equal(await sb.files.makeDir('/tmp/e2b/newdir'), true)
+  assert.equal(await sb.files.makeDir('/tmp/e2b/newdir'), false, 'an existing dir reports false')
+  await sb.files.remove('/tmp/e2b/sub')
+  assert.equal(await sb.files.exists('/tmp/e2b/sub/c.txt'), false)
+  await assert.rejects(sb.files.read('/tmp/e2b/a.txt'), FileNotFoundError)
+  // Written by a command, read through files: one filesystem.
+  await sb.commands.run('echo from-cmd > /tmp/e2b/cmd.txt')
+  assert.equal(await sb.files.read('/tmp/e2b/cmd.txt'), 'from-cmd\n')
+  // A path through a symlink the sandbox made is refused, never followed on the host.
+  await sb.commands.run('ln -s / /tmp/e2b/escape')
+  await assert.rejects(sb.files.read('/tmp/e2b/escape/etc/passwd'), SandboxError)
+})
+
+test('files: watch a directory', async (t) => {
+  const sb = await create(t)
+  await sb.files.makeDir('/tmp/watched')
+  const events = []
+  const w = await sb.files.watchDir('/tmp/watched', (e) => events.push(e))
+  await sb.files.write('/tmp/watched/new.txt', 'x')
+  await waitFor('a create event', () => events.some((e) => e.name === 'new.txt' && e.type === 'create'))
+  await sb.commands.run('rm /tmp/watched/new.txt')
+  await waitFor('a remove event', () => events.some((e) => e.name === 'new.txt' && e.type === 'remove'))
+  await w.stop()
+})
+
+test('kill releases the sandbox', async (t) => {
+  const sb = await create(t)
+  await sb.kill()
+  await assert.rejects(Sandbox.getInfo(sb.sandboxId), NotFoundError)
+  assert.equal(await Sandbox.kill(sb.sandboxId), false, 'a second kill finds nothing')
+  await assert.rejects(sb.commands.run('true'))
+})
+
+test('timeout: a sandbox whose timeout passes is released; setTimeout extends it', async (t) => {
+  const short = await create(t, { timeoutMs: 1000 })
+  const kept = await create(t, { timeoutMs: 1000 })
+  await kept.setTimeout(60_000)
+  await sleep(2000)
+  await assert.rejects(Sandbox.getInfo(short.sandboxId), NotFoundError)
+  assert.equal((await kept.getInfo()).state, 'running')
+})
+
+test('pause and resume keep the files', async (t) => {
+  const sb = await create(t)
+  await sb.files.write('/tmp/keep.txt', 'kept across pause')
+  assert.equal(await sb.pause(), true)
+  assert.equal((await Sandbox.getInfo(sb.sandboxId)).state, 'paused')
+  assert.equal(await Sandbox.pause(sb.sandboxId), false, 'pausing a paused sandbox reports false')
+  const back = await Sandbox.connect(sb.sandboxId)
+  assert.equal((await back.getInfo()).state, 'running')
+  assert.equal(await back.files.read('/tmp/keep.txt'), 'kept across pause')
+  assert.equal((await back.commands.run('cat /tmp/keep.txt')).stdout, 'kept across pause')
+})
+
+test('DeltaBox checkpoints and rollback from E2B code', async (t) => {
+  const sb = await create(t)
+  await sb.files.write('/tmp/state.txt', 'v1')
+  const ck = await deltabox(sb.sandboxId, 'checkpoints', { message: 'before v2' })
+  assert.equal(ck.status, 201)
+  await sb.files.write('/tmp/state.txt', 'v2')
+  await sb.commands.run('touch /tmp/new-after-checkpoint')
+  const rb = await deltabox(sb.sandboxId, 'rollback', { to: ck.body.id })
+  assert.equal(rb.status, 200, JSON.stringify(rb.body))
+  assert.equal(await sb.files.read('/tmp/state.txt'), 'v1')
+  assert.equal(await sb.files.exists('/tmp/new-after-checkpoint'), false)
+  const other = await deltabox(sb.sandboxId, 'checkpoints', undefined, otherKey)
+  assert.equal(other.status, 404, "another tenant's key cannot list the checkpoints")
+})
+
+test('metadata: a checkpoint before every command', async (t) => {
+  const sb = await create(t, { metadata: { 'deltabox.checkpoint': 'per_command' } })
+  const before = (await deltabox(sb.sandboxId, 'checkpoints')).body.length
+  await sb.commands.run('echo 1 > /tmp/one')
+  await sb.commands.run('echo 2 > /tmp/two')
+  const cks = (await deltabox(sb.sandboxId, 'checkpoints')).body
+  assert.equal(cks.length, before + 2)
+  const rb = await deltabox(sb.sandboxId, 'rollback', { to: cks[cks.length - 1].id })
+  assert.equal(rb.status, 200)
+  assert.equal(await sb.files.exists('/tmp/two'), false, 'the rollback undid the last command')
+  assert.equal(await sb.files.exists('/tmp/one'), true)
+})
+
+test('bad input: wrong key, unknown template, another tenant', async (t) => {
+  await assert.rejects(Sandbox.create(template, { apiKey: 'not-a-key-of-this-gateway' }), AuthenticationError)
+  await assert.rejects(Sandbox.create('no-such-pool'), (err) => {
+    assert.ok(err instanceof SandboxError)
+    assert.match(err.message, /404.*no-such-pool/)
+    return true
+  })
+  const sb = await create(t)
+  await assert.rejects(Sandbox.getInfo(sb.sandboxId, { apiKey: otherKey }), NotFoundError)
+  await assert.rejects(Sandbox.connect(sb.sandboxId, { apiKey: otherKey }), NotFoundError)
+  assert.equal(await Sandbox.kill(sb.sandboxId, { apiKey: otherKey }), false)
+  const theirs = await Sandbox.list({ apiKey: otherKey }).nextItems()
+  assert.ok(!theirs.some((s) => s.sandboxId === sb.sandboxId), "the other tenant's list is its own")
+  assert.equal((await sb.commands.run('echo still-here')).stdout, 'still-here\n')
+})
+
+test('unsupported calls fail with a clear error', async (t) => {
+  const sb = await create(t)
+  await assert.rejects(sb.pty.create({ cols: 80, rows: 24, onData: () => {} }), /PTY/)
+  await assert.rejects(sb.createSnapshot(), /501/)
+})

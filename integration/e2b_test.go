@@ -1,0 +1,111 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+)
+
+// e2bGateway is a daemon serving the E2B-compatible API with two tenants' keys.
+type e2bGateway struct {
+	*daemon
+	url      string // E2B_API_URL and E2B_SANDBOX_URL
+	key      string
+	otherKey string
+}
+
+// startE2BDaemon starts a daemon with [e2b] on a free loopback port and a warm busybox pool
+// named pool.
+func startE2BDaemon(t testing.TB, pool string, minReady int) *e2bGateway {
+	t.Helper()
+	dir := t.TempDir()
+	g := &e2bGateway{key: "e2b_test_key_tenant_one_0123456789", otherKey: "e2b_test_key_tenant_two_9876543210"}
+	keys := filepath.Join(dir, "keys")
+	if err := os.WriteFile(keys, []byte("# test tenants\n"+g.key+"\n"+g.otherKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeLoopbackAddr(t)
+	g.url = "http://" + addr
+	g.daemon = startDaemonWith(t, fmt.Sprintf("[e2b]\naddress = %q\napi_keys_file = %q\n", addr, keys))
+	g.createPool(pool, busyboxImage, minReady)
+	return g
+}
+
+func freeLoopbackAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// env is the environment that points the e2b SDK at the gateway.
+func (g *e2bGateway) env() []string {
+	return []string{"E2B_API_URL=" + g.url, "E2B_SANDBOX_URL=" + g.url, "E2B_API_KEY=" + g.key}
+}
+
+// TestE2BSDK runs the real e2b JS SDK's test suite (integration/e2b/sdk.test.cjs, node --test)
+// against a daemon's E2B-compatible API: create, commands (foreground, background, stdin,
+// kill), files (write, read, list, rename, remove, watch), kill, timeout, list, pause/resume,
+// DeltaBox checkpoints and rollback from E2B code, and the refusals (wrong key, unknown
+// template, another tenant's sandbox).
+func TestE2BSDK(t *testing.T) {
+	node := testutil.RequiresBinary(t, "node")
+	nodePath := testutil.RequiresEnv(t, "DELTABOX_E2B_NODE_PATH")
+	suite, err := filepath.Abs("e2b/sdk.test.cjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := startE2BDaemon(t, "e2b", 2)
+
+	t.Run("wrong key is refused before any sandbox is touched", func(t *testing.T) {
+		before, err := g.client().Pool(context.Background(), "e2b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{"", "e2b_wrong_key_0000000000000000"} {
+			req, _ := http.NewRequest("POST", g.url+"/v2/sandboxes", strings.NewReader(`{"templateID":"e2b"}`))
+			if key != "" {
+				req.Header.Set("X-API-KEY", key)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusUnauthorized {
+				t.Errorf("create with key %q: status %d, want 401", key, resp.StatusCode)
+			}
+		}
+		after, err := g.client().Pool(context.Background(), "e2b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after.Leased != before.Leased || after.Leased != 0 {
+			t.Errorf("leased sandboxes went from %d to %d after refused creates", before.Leased, after.Leased)
+		}
+	})
+
+	cmd := exec.Command(node, "--test", "--test-reporter=spec", suite)
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(), append(g.env(), "NODE_PATH="+nodePath, "DELTABOX_E2B_TEMPLATE=e2b",
+		"DELTABOX_E2B_OTHER_KEY="+g.otherKey)...)
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test %s:\n%s", suite, out)
+	if err != nil {
+		t.Fatalf("the e2b SDK suite failed: %v\ndaemon log tail:\n%s", err, g.logTail())
+	}
+	if strings.Contains(string(out), "# skipped") && !strings.Contains(string(out), "# skipped 0") {
+		t.Errorf("the e2b SDK suite skipped tests")
+	}
+}

@@ -1,0 +1,52 @@
+package orchestrator
+
+import (
+	"context"
+	"io"
+
+	"github.com/deltabox/deltabox/internal/rootfs"
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/pool"
+)
+
+// The methods below let gateways that speak another API (orchestrator/e2b) drive sandboxes
+// the way the /v1 handlers do, without going through HTTP: the same session, egress and
+// release rules apply.
+
+// Sandbox describes a leased sandbox.
+func (o *Orchestrator) Sandbox(id string) (api.Sandbox, error) {
+	sb, err := o.pools.Get(id)
+	return apiSandbox(sb), err
+}
+
+// Exec runs a command in a leased sandbox, as POST /v1/sandboxes/{id}/exec does: the
+// sandbox's first checkpoint is taken before anything runs.
+func (o *Orchestrator) Exec(ctx context.Context, id string, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error) {
+	if _, err := o.session(ctx, id); err != nil {
+		return api.ExitStatus{}, err
+	}
+	st, err := o.pools.Exec(ctx, id, pool.ExecRequest{
+		Argv: req.Argv, Env: req.Env, Workdir: req.Workdir, User: req.User,
+		Timeout: req.Timeout, OutputCap: req.OutputCap, Tag: req.Tag, Via: req.Via,
+	}, stdin, stdout, stderr)
+	return apiExitStatus(st), err
+}
+
+// KillTag kills the processes of a sandbox's execs tagged tag (and their descendants).
+func (o *Orchestrator) KillTag(ctx context.Context, id, tag string) (int, error) {
+	return o.pools.KillTag(ctx, id, tag)
+}
+
+// SandboxRoot opens a leased sandbox's root filesystem for symlink-safe access from the host.
+func (o *Orchestrator) SandboxRoot(ctx context.Context, id string) (*rootfs.Root, error) {
+	if _, err := o.session(ctx, id); err != nil { // files change only after the first checkpoint
+		return nil, err
+	}
+	return o.pools.Root(id)
+}
+
+// Freeze pauses every process of a leased sandbox (runc pause); Thaw resumes them.
+func (o *Orchestrator) Freeze(ctx context.Context, id string) error { return o.pools.Pause(ctx, id) }
+
+// Thaw undoes Freeze.
+func (o *Orchestrator) Thaw(ctx context.Context, id string) error { return o.pools.Resume(ctx, id) }
