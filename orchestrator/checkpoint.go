@@ -59,9 +59,12 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	if err != nil {
 		return api.Checkpoint{}, err
 	}
+	if err := validateName(req.Name); err != nil {
+		return api.Checkpoint{}, err
+	}
 	start := time.Now()
 	rec := ckptRecord{Checkpoint: api.Checkpoint{ID: strconv.Itoa(s.meta.Next), Sandbox: s.id,
-		Level: req.Level, Message: req.Message, Created: start.UTC()}}
+		Level: req.Level, Message: req.Message, Name: req.Name, Created: start.UTC()}, TreeOps: true}
 	if rec.Level == "" {
 		rec.Level = api.LevelL1
 	}
@@ -75,6 +78,13 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	frozen, pending, err := cut(ctx, s, level, &rec)
 	if err != nil {
 		return api.Checkpoint{}, err
+	}
+	if rec.Parent != "" { // the state ops since the parent, for moves across the tree
+		if rec.StateOps, err = s.state.Log(s.headSeq, rec.StateSeq); err != nil {
+			pending.Abort()
+			removeImages(rec)
+			return api.Checkpoint{}, fmt.Errorf("record the state ops of checkpoint %s: %w", rec.ID, err)
+		}
 	}
 	// The record travels in the layer pack: one durable write for files and record, after
 	// the sandbox runs again.
@@ -94,7 +104,11 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 		return api.Checkpoint{}, fmt.Errorf("record checkpoint %s of %s: %w", rec.ID, s.id, err)
 	}
 	s.ckpts = append(s.ckpts, rec)
+	s.head, s.headSeq = rec.ID, rec.StateSeq
 	s.meta.Next++
+	if req.Pin {
+		o.pin(ctx, s, rec.ID, true)
+	}
 	_ = failpoint.Inject("checkpoint/committed") // only "exit" means something here: it is durable
 	if err := o.effects.SetCheckpoint(ctx, s.id, rec.ID); err != nil {
 		// The checkpoint is durable; effects recorded now carry the previous tag.
@@ -107,10 +121,15 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	return rec.Checkpoint, nil
 }
 
-// l1Chain counts the L1 checkpoints since the last full (L2/L3) one, the first excluded.
+// l1Chain counts the L1 checkpoints from the head up to the last full (L2/L3) one, the
+// first checkpoint excluded.
 func (s *session) l1Chain() int {
 	n := 0
-	for i := len(s.ckpts) - 1; i > 0 && s.ckpts[i].Level == api.LevelL1; i-- {
+	for _, id := range s.ancestors(s.head) {
+		c := s.ckpts[s.find(id)]
+		if c.Level != api.LevelL1 || c.Parent == "" {
+			break
+		}
 		n++
 	}
 	return n
@@ -183,30 +202,6 @@ func (o *Orchestrator) thaw(ctx context.Context, s *session) error {
 	return err
 }
 
-// retain deletes the oldest checkpoints beyond the retention limit. The first checkpoint
-// (the sandbox as leased) is kept and stays a rollback target: release resets the files to
-// it. The state log is compacted to what every retained checkpoint still needs.
-func (o *Orchestrator) retain(ctx context.Context, s *session) {
-	deleted := false
-	for len(s.ckpts) > max(o.opts.Retain, 2) {
-		victim := s.ckpts[1]
-		if err := s.fs.Delete(ctx, victim.ID); err != nil {
-			log.L(ctx).Warn("retention: delete checkpoint", "sandbox", s.id, "checkpoint", victim.ID, "error", err)
-			break
-		}
-		_ = s.rec.remove(victim.ID)
-		removeImages(victim)
-		s.ckpts = append(s.ckpts[:1], s.ckpts[2:]...)
-		deleted = true
-	}
-	if !deleted {
-		return
-	}
-	if err := s.state.Compact(ctx, s.compactPoint()); err != nil && !errdefs.IsFailedPrecondition(err) {
-		log.L(ctx).Warn("retention: compact state", "sandbox", s.id, "error", err)
-	}
-}
-
 // Checkpoints lists a sandbox's checkpoints, oldest first.
 func (o *Orchestrator) Checkpoints(ctx context.Context, id string) ([]api.Checkpoint, error) {
 	s, err := o.session(ctx, id)
@@ -230,17 +225,11 @@ func (o *Orchestrator) InspectCheckpoint(ctx context.Context, id, ckpt string) (
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	i := s.find(ckpt)
-	if i < 0 {
-		return api.Checkpoint{}, fmt.Errorf("checkpoint %q of sandbox %q: %w", ckpt, id, errdefs.ErrNotFound)
+	i, err := s.resolve(ckpt)
+	if err != nil {
+		return api.Checkpoint{}, err
 	}
 	return s.view(s.ckpts[i]), nil
-}
-
-func (s *session) view(c ckptRecord) api.Checkpoint {
-	v := c.Checkpoint
-	v.Committed = s.meta.CommitAfter != "" && ckptNum(c.ID) <= ckptNum(s.meta.CommitAfter)
-	return v
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -20,17 +20,26 @@ func (o *Orchestrator) Diff(ctx context.Context, id, from, to string) (api.Diff,
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if from == "" {
-		from = s.latest().ID
+		from = refHead
 	}
-	fi, ti := s.find(from), len(s.ckpts)
+	fi, err := s.resolve(from)
+	if err != nil {
+		return api.Diff{}, err
+	}
+	from, ti := s.ckpts[fi].ID, len(s.ckpts)
 	if to != "" {
-		ti = s.find(to)
+		if ti, err = s.resolve(to); err != nil {
+			return api.Diff{}, err
+		}
+		to = s.ckpts[ti].ID
 	}
-	if fi < 0 || ti < 0 {
-		return api.Diff{}, fmt.Errorf("checkpoint %q or %q of sandbox %q: %w", from, to, id, errdefs.ErrNotFound)
+	toID := s.head
+	if to != "" {
+		toID = to
 	}
-	if ti < fi {
-		return api.Diff{}, fmt.Errorf("diff from %s to %s goes backwards: %w", from, to, errdefs.ErrInvalidArgument)
+	if !s.isAncestor(from, toID) {
+		return api.Diff{}, fmt.Errorf("diff from %s to %s: %s is not an ancestor of %s (compare files across branches with the files diff): %w",
+			from, to, from, toID, errdefs.ErrInvalidArgument)
 	}
 	d := api.Diff{ID: id, From: from, To: to}
 	if d.Files, err = s.fileDiff(ctx, from, to); err != nil {

@@ -41,10 +41,12 @@ func (f *fakeFreezer) Kill(pids []int) int {
 func (f *fakeFreezer) set(v bool)     { f.mu.Lock(); f.frozen = v; f.mu.Unlock() }
 func (f *fakeFreezer) isFrozen() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.frozen }
 
-// fakeFiles is a layer store: a chain of checkpoints with their records, and "files", the
-// checkpoint the live tree equals (or "dirty").
+// fakeFiles is a layer store: a tree of checkpoints with their records, its head, and
+// "files", the checkpoint the live tree equals (or "dirty").
 type fakeFiles struct {
 	ids       []string
+	head      string
+	headMeta  []byte
 	meta      map[string][]byte
 	files     string
 	rollbacks int
@@ -56,6 +58,8 @@ func newFakeFiles() *fakeFiles { return &fakeFiles{meta: map[string][]byte{}} }
 
 func (f *fakeFiles) Checkpoints() []string          { return slices.Clone(f.ids) }
 func (f *fakeFiles) Meta(id string) ([]byte, error) { return f.meta[id], nil }
+func (f *fakeFiles) Head() string                   { return f.head }
+func (f *fakeFiles) HeadMeta() []byte               { return f.headMeta }
 func (f *fakeFiles) Prepare(_ context.Context, req overlay.CaptureRequest) (pendingFiles, error) {
 	return &fakePending{f: f, id: req.ID}, nil
 }
@@ -78,11 +82,27 @@ func (f *fakeFiles) Rollback(_ context.Context, req overlay.RollbackRequest) (*o
 	if i < 0 {
 		return nil, fmt.Errorf("checkpoint %s: %w", req.Target, errdefs.ErrNotFound)
 	}
-	f.ids, f.files = f.ids[:i+1], req.Target
+	f.head, f.headMeta, f.files = req.Target, req.Meta, req.Target
 	f.rollbacks++
 	return &overlay.RollbackResult{FilesRestored: 1}, nil
 }
-func (f *fakeFiles) Delete(_ context.Context, id string) error {
+func (f *fakeFiles) Delete(_ context.Context, id string, merge ...overlay.MetaMerge) error {
+	for _, kid := range f.ids {
+		var r ckptRecord
+		_ = json.Unmarshal(f.meta[kid], &r)
+		if r.Parent == id && len(merge) > 0 {
+			m, err := merge[0](f.meta[id], f.meta[kid])
+			if err != nil {
+				return err
+			}
+			f.meta[kid] = m
+		}
+	}
+	if f.head == id {
+		var r ckptRecord
+		_ = json.Unmarshal(f.meta[id], &r)
+		f.head, f.headMeta = r.Parent, nil
+	}
 	f.ids = slices.DeleteFunc(f.ids, func(x string) bool { return x == id })
 	f.deleted = append(f.deleted, id)
 	return nil
@@ -107,7 +127,7 @@ func (p *fakePending) Abort()                {}
 func (p *fakePending) Commit(meta []byte) (*overlay.CaptureResult, error) {
 	p.f.ids = append(p.f.ids, p.id)
 	p.f.meta[p.id] = meta
-	p.f.files = p.id
+	p.f.files, p.f.head, p.f.headMeta = p.id, p.id, nil
 	return &overlay.CaptureResult{ID: p.id}, nil
 }
 
@@ -154,6 +174,9 @@ func (s *fakeState) RollbackTo(_ context.Context, seq uint64) (int, error) {
 	s.next++
 	s.hist = append(s.hist[:i], s.next)
 	return n, nil
+}
+func (s *fakeState) Has(seq uint64) bool {
+	return seq == s.base || (seq > s.base && slices.Contains(s.hist, seq))
 }
 func (s *fakeState) Log(from, to uint64) ([]state.Entry, error) {
 	if from < s.base {
@@ -267,11 +290,15 @@ type rig struct {
 	fs  *fakeFiles
 	st  *fakeState
 	fx  *fakeEffects
+	ss  stateStore // when set, the session's state instead of st (a real state.Store)
 }
 
-func newRig(t *testing.T, retain int) *rig {
+func newRig(t *testing.T, retain int) *rig { return newRigWith(t, retain, nil) }
+
+// newRigWith is newRig with the session's state in ss (nil: a fakeState).
+func newRigWith(t *testing.T, retain int, ss stateStore) *rig {
 	t.Helper()
-	r := &rig{t: t, dir: t.TempDir(), frz: &fakeFreezer{}, fs: newFakeFiles(), st: &fakeState{}, fx: newFakeEffects()}
+	r := &rig{t: t, dir: t.TempDir(), frz: &fakeFreezer{}, fs: newFakeFiles(), st: &fakeState{}, fx: newFakeEffects(), ss: ss}
 	r.o = &Orchestrator{opts: Options{Retain: retain}, effects: r.fx, sessions: map[string]*session{}}
 	r.reopen()
 	if _, err := r.o.checkpoint(context.Background(), r.s, api.CheckpointRequest{Message: "lease"}); err != nil {
@@ -290,7 +317,11 @@ func (r *rig) reopen() {
 	if r.s != nil {
 		_ = r.s.intents.close()
 	}
-	s := &session{id: "sb", dir: r.dir, rec: records{dir: r.dir}, frz: r.frz, fs: r.fs, state: r.st, ready: make(chan struct{}),
+	var st stateStore = r.st
+	if r.ss != nil {
+		st = r.ss
+	}
+	s := &session{id: "sb", dir: r.dir, rec: records{dir: r.dir}, frz: r.frz, fs: r.fs, state: st, ready: make(chan struct{}),
 		openRoot: func() (*os.File, error) { return os.Open(r.dir) }}
 	var err error
 	if s.meta, err = s.rec.readMeta(); err != nil {

@@ -32,13 +32,22 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // rollbackIntent is a rollback that began and may not have finished.
 type rollbackIntent struct {
-	Target    string   `json:"target"`               // checkpoint rolled back to
-	Watermark uint64   `json:"watermark"`            // effects after it are dropped
-	StateSeq  uint64   `json:"state_seq"`            // the target's state sequence number
-	StateFrom uint64   `json:"state_from"`           // the state's sequence number when the rollback began
-	StateBase bool     `json:"state_base,omitempty"` // the log no longer reaches it: restore the kept document
-	Discard   []string `json:"discard"`              // checkpoints after the target
-	Images    []string `json:"images,omitempty"`     // their CRIU image directories
+	Target    string `json:"target"`               // checkpoint rolled back to
+	Watermark uint64 `json:"watermark"`            // effects after it (the common ancestor's) are dropped
+	StateSeq  uint64 `json:"state_seq"`            // the target's state sequence number
+	StateFrom uint64 `json:"state_from"`           // the state's sequence number when the rollback began
+	StateBase bool   `json:"state_base,omitempty"` // the log no longer reaches it: restore the kept document
+	// Rebuild: the target's state is no longer a point of the log (another branch, or
+	// compacted): the document is rebuilt from the current one by undoing the ops since
+	// the head (From, its state at FromSeq) up to the common ancestor and replaying the
+	// recorded ops down to the target, and written as one patch.
+	Rebuild bool   `json:"rebuild,omitempty"`
+	From    string `json:"from,omitempty"`
+	FromSeq uint64 `json:"from_seq,omitempty"`
+	// Discard and Images are read from intents of earlier versions (which deleted the
+	// checkpoints after the target) and ignored: a rollback deletes nothing.
+	Discard []string `json:"discard,omitempty"`
+	Images  []string `json:"images,omitempty"`
 }
 
 // intentLog is a session's intent file, open for in-place writes.
@@ -111,7 +120,6 @@ func (l *intentLog) write(in rollbackIntent) error {
 		return err
 	}
 	if len(payload) > intentSize-intentHead {
-		// Only the discarded checkpoints' lists grow; retention bounds them.
 		return fmt.Errorf("rollback intent of %d bytes does not fit its record", len(payload))
 	}
 	buf := make([]byte, intentHead+len(payload))

@@ -38,7 +38,8 @@ type Options struct {
 	ObjectStoreURI    string        // where L3 snapshots go; empty: file://<root>/objects
 	InitBinary        string        // static deltabox-init to mount into sandboxes
 	Metrics           *prometheus.Registry
-	Retain            int              // checkpoints kept per sandbox (default 64)
+	Retain            int              // checkpoints kept per sandbox, whole tree (default 64)
+	RetainBranch      int              // checkpoints kept on a path from the first one to a branch tip (default Retain)
 	L2Every           int              // after this many L1 checkpoints in a row the next is L2 (0: never)
 	WalkUpperDirs     bool             // captures walk the upper dir instead of using the change tracker
 	Network           *network.Options // sandbox networking; nil: loopback only
@@ -81,6 +82,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.Retain == 0 {
 		o.Retain = 64
+	}
+	if o.RetainBranch == 0 || o.RetainBranch > o.Retain {
+		o.RetainBranch = o.Retain
 	}
 	if o.Effects == nil {
 		o.Effects = noEffects{}

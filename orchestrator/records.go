@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/orchestrator/state"
 	"github.com/deltabox/deltabox/pool"
 )
 
@@ -21,6 +22,17 @@ type ckptRecord struct {
 	api.Checkpoint
 	Procs  []pool.Proc `json:"procs"`            // the sandbox's processes at the cut
 	Images string      `json:"images,omitempty"` // L3: directory of the CRIU images and state.json
+	// StateOps are the agent state ops from the parent checkpoint to this one, with their
+	// inverses: a rollback to another branch of the tree replays them (tree.go). TreeOps
+	// says they were recorded (checkpoints of earlier versions lack them).
+	StateOps []state.Entry `json:"state_ops,omitempty"`
+	TreeOps  bool          `json:"tree_ops,omitempty"`
+}
+
+// headRecord is kept with a rollback in the layer store (RollbackRequest.Meta): the state
+// sequence number at which the document is the head's, when that is not the head's own.
+type headRecord struct {
+	StateSeq uint64 `json:"state_seq"`
 }
 
 // sessionMeta is the per-sandbox record that outlives individual checkpoints.
@@ -31,6 +43,7 @@ type sessionMeta struct {
 	// first byte is sent, cleared once every effect up to its watermark was sent. Start-up
 	// finishes a commit it finds.
 	Committing *commitIntent `json:"committing,omitempty"`
+	Pins       []string      `json:"pins,omitempty"` // pinned checkpoints: retention keeps them
 }
 
 // commitIntent is a commit that began: the effects with seq <= Upto are being sent.

@@ -106,19 +106,3 @@ func (s *session) restoreBaseState(ctx context.Context) (int, error) {
 	}
 	return 1, nil
 }
-
-// compactPoint is the state seq retention may compact to: what every retained checkpoint
-// needs. The first checkpoint needs nothing from the log when its document is kept.
-func (s *session) compactPoint() uint64 {
-	if len(s.ckpts) < 2 {
-		return 0
-	}
-	keep := s.ckpts[1].StateSeq
-	for _, c := range s.ckpts[1:] {
-		keep = min(keep, c.StateSeq)
-	}
-	if !s.hasBaseState(s.ckpts[0].StateSeq) {
-		keep = min(keep, s.ckpts[0].StateSeq)
-	}
-	return keep
-}

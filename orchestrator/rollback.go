@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -47,35 +48,39 @@ func (o *Orchestrator) Rollback(ctx context.Context, id string, req api.Rollback
 	return res, nil
 }
 
-// rollbackTarget validates a rollback request and returns its intent.
+// rollbackTarget validates a rollback request and returns its intent. The target may be
+// any checkpoint of the tree; the commit rule holds: the commit point must be a strict
+// ancestor of the target, unless forced.
 func (s *session) rollbackTarget(req api.RollbackRequest) (rollbackIntent, error) {
 	to := req.To
 	if to == "" {
-		to = s.latest().ID
+		to = refHead
 	}
-	i := s.find(to)
-	if i < 0 {
-		return rollbackIntent{}, fmt.Errorf("checkpoint %q of sandbox %q: %w", to, s.id, errdefs.ErrNotFound)
-	}
-	if c := s.meta.CommitAfter; c != "" && ckptNum(to) <= ckptNum(c) && !req.Force {
-		return rollbackIntent{}, fmt.Errorf("checkpoint %s of sandbox %q is at or before the last commit (checkpoint %s), whose effects were sent; take a new checkpoint, or use --force to roll back files and state anyway: %w",
-			to, s.id, c, errdefs.ErrFailedPrecondition)
+	i, err := s.resolve(to)
+	if err != nil {
+		return rollbackIntent{}, err
 	}
 	t := s.ckpts[i]
-	in := rollbackIntent{Target: t.ID, Watermark: t.EffectsWatermark, StateSeq: t.StateSeq, StateFrom: s.state.Seq()}
-	for _, c := range s.ckpts[i+1:] {
-		in.Discard = append(in.Discard, c.ID)
-		if c.Images != "" {
-			in.Images = append(in.Images, c.Images)
-		}
+	if s.behindCommit(t.ID) && !req.Force {
+		return rollbackIntent{}, fmt.Errorf("checkpoint %s of sandbox %q is not after the last commit (checkpoint %s), whose effects were sent; take a new checkpoint, or use --force to roll back files and state anyway: %w",
+			t.ID, s.id, s.meta.CommitAfter, errdefs.ErrFailedPrecondition)
 	}
-	// The state log must still reach back to the target (compaction drops old history);
-	// the first checkpoint's document is kept aside for when it does not.
-	if _, err := s.state.Log(t.StateSeq, s.state.Seq()); err != nil {
-		if i != 0 || !s.hasBaseState(t.StateSeq) {
-			return rollbackIntent{}, fmt.Errorf("agent state of checkpoint %s is no longer available: %w", to, err)
-		}
+	_, lca, _ := s.pathBetween(s.head, t.ID)
+	l := s.find(lca)
+	if l < 0 {
+		return rollbackIntent{}, fmt.Errorf("checkpoint %s has no common ancestor with the head %s: %w", t.ID, s.head, errdefs.ErrDataLoss)
+	}
+	in := rollbackIntent{Target: t.ID, Watermark: s.ckpts[l].EffectsWatermark, StateSeq: t.StateSeq,
+		StateFrom: s.state.Seq(), From: s.head, FromSeq: s.headSeq}
+	switch {
+	case s.state.Has(t.StateSeq): // its document is a point of the log: undo to it
+	case i == 0 && s.hasBaseState(t.StateSeq):
 		in.StateBase = true
+	default:
+		if err := s.canRebuild(in); err != nil {
+			return rollbackIntent{}, fmt.Errorf("agent state of checkpoint %s is no longer available: %w", t.ID, err)
+		}
+		in.Rebuild = true
 	}
 	return in, nil
 }
@@ -122,7 +127,7 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		return 0, fmt.Errorf("%w (the rollback is pending: it is finished before the sandbox's next checkpoint, rollback or commit)", err)
 	}
 	s.pending = nil
-	target := s.ckpts[len(s.ckpts)-1]
+	target := s.ckpts[s.find(in.Target)]
 	if target.Level == api.LevelL3 {
 		return time.Since(frozenAt), o.restoreProcesses(ctx, s, target)
 	}
@@ -133,8 +138,9 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 }
 
 // applyRollback does the steps of a recorded rollback: the processes started since the
-// target are stopped, its later effects dropped (first: they may never be committed), its
-// files and state restored and the later checkpoints discarded. The sandbox is frozen.
+// target are stopped, the effects after the common ancestor of head and target dropped
+// (first: they may never be committed), its files and state restored, and the target made
+// the head; no checkpoint is deleted. The sandbox is frozen.
 func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult) error {
 	i := s.find(in.Target)
 	if i < 0 {
@@ -151,9 +157,13 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	}
 	// Processes and effects go only once the files' rollback is known to be possible (its
 	// contents opened and checked): a damaged target changes nothing (errNothingChanged).
+	headMeta, err := json.Marshal(headRecord{StateSeq: in.stateSeqAfter()})
+	if err != nil {
+		return err
+	}
 	began := false
 	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: merged, Upper: s.sb.Layout.Upper,
-		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs)),
+		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs)), Meta: headMeta,
 		BeforeWrite: func() error {
 			began = true
 			return o.stopNewer(ctx, s, in, target, procs, res)
@@ -176,13 +186,7 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	if err := failpoint.Inject("rollback/after-state"); err != nil {
 		return err
 	}
-	for _, id := range in.Discard {
-		_ = s.rec.remove(id)
-	}
-	for _, dir := range in.Images {
-		removeImages(ckptRecord{Images: dir})
-	}
-	s.ckpts = s.ckpts[:i+1]
+	s.head, s.headSeq = target.ID, in.stateSeqAfter()
 	if err := o.effects.SetCheckpoint(ctx, s.id, target.ID); err != nil {
 		return err
 	}
@@ -230,10 +234,23 @@ func (s *session) undoState(ctx context.Context, in rollbackIntent) (int, error)
 	if s.state.Seq() != in.StateFrom {
 		return 0, nil
 	}
-	if in.StateBase {
+	switch {
+	case in.StateBase:
 		return s.restoreBaseState(ctx)
+	case in.Rebuild:
+		return s.rebuildState(ctx, in)
 	}
 	return s.state.RollbackTo(ctx, in.StateSeq)
+}
+
+// stateSeqAfter is the state seq at which the document is the target's once the rollback is
+// done: the target's own when it is a point of the log, else that of the one patch that
+// writes it (known before: nothing else changes the state during a rollback).
+func (in rollbackIntent) stateSeqAfter() uint64 {
+	if in.StateBase || in.Rebuild {
+		return in.StateFrom + 1
+	}
+	return in.StateSeq
 }
 
 // finishPending redoes a rollback that failed after it began. Callers hold s.mu.

@@ -27,9 +27,11 @@ type freezer interface {
 type fileStore interface {
 	Checkpoints() []string
 	Meta(id string) ([]byte, error)
+	Head() string
+	HeadMeta() []byte
 	Prepare(ctx context.Context, req overlay.CaptureRequest) (pendingFiles, error)
 	Rollback(ctx context.Context, req overlay.RollbackRequest) (*overlay.RollbackResult, error)
-	Delete(ctx context.Context, id string) error
+	Delete(ctx context.Context, id string, merge ...overlay.MetaMerge) error
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error
 	Verify(ctx context.Context, id, merged string, opts ...overlay.VerifyOption) ([]overlay.Mismatch, error)
@@ -61,6 +63,7 @@ type stateStore interface {
 	Get(pointer string) (json.RawMessage, error)
 	Patch(ctx context.Context, ops []state.Op, opt state.PatchOptions) (state.PatchResult, error)
 	RollbackTo(ctx context.Context, seq uint64) (int, error)
+	Has(seq uint64) bool
 	Log(from, to uint64) ([]state.Entry, error)
 	Compact(ctx context.Context, keep uint64) error
 	Verify(ctx context.Context) error

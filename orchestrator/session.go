@@ -34,7 +34,9 @@ type session struct {
 	state    stateStore
 	rec      records
 	meta     sessionMeta
-	ckpts    []ckptRecord // oldest first
+	ckpts    []ckptRecord // oldest first: a tree by their Parent links
+	head     string       // the checkpoint the sandbox is at (tree.go)
+	headSeq  uint64       // the state seq at which the document is the head's
 	// inherited are the checkpoints a restored sandbox's snapshot carried (listed, not
 	// rollback targets); see snapshot_history.go.
 	inherited []api.Checkpoint
@@ -99,7 +101,11 @@ func (o *Orchestrator) openSession(ctx context.Context, s *session, seed *sessio
 		if err := o.effects.SetCheckpoint(ctx, s.id, l.ID); err != nil {
 			return fmt.Errorf("tag effects with checkpoint %s: %w", l.ID, err)
 		}
-		o.expectEffects(ctx, s.id, l.EffectsWatermark)
+		var wm uint64 // the journal holds at least what the newest checkpoint saw
+		for _, c := range s.ckpts {
+			wm = max(wm, c.EffectsWatermark)
+		}
+		o.expectEffects(ctx, s.id, wm)
 	}
 	if err := s.loadInherited(); err != nil {
 		return err
@@ -196,6 +202,26 @@ func (s *session) loadCheckpoints(ctx context.Context) error {
 			}
 		}
 	}
+	return s.loadHead()
+}
+
+// loadHead finds the head: the layer store's (the latest capture or the target of the latest
+// rollback), with the state seq the rollback recorded for it.
+func (s *session) loadHead() error {
+	s.head = s.fs.Head()
+	i := s.find(s.head)
+	if i < 0 {
+		s.head = ""
+		return nil
+	}
+	s.headSeq = s.ckpts[i].StateSeq
+	if m := s.fs.HeadMeta(); len(m) > 0 {
+		var h headRecord
+		if err := json.Unmarshal(m, &h); err != nil {
+			return fmt.Errorf("head record: %v: %w", err, errdefs.ErrDataLoss)
+		}
+		s.headSeq = h.StateSeq
+	}
 	return nil
 }
 
@@ -209,11 +235,13 @@ func (s *session) find(id string) int {
 	return -1
 }
 
+// latest returns the head's record (nil before the first checkpoint).
 func (s *session) latest() *ckptRecord {
-	if len(s.ckpts) == 0 {
+	i := s.find(s.head)
+	if i < 0 {
 		return nil
 	}
-	return &s.ckpts[len(s.ckpts)-1]
+	return &s.ckpts[i]
 }
 
 func (s *session) close() error {

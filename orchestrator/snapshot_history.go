@@ -87,11 +87,9 @@ func (s *session) loadInherited() error {
 // carries them (caller holds s.mu).
 func (s *session) snapshotHistory(ck string) []api.Checkpoint {
 	out := append([]api.Checkpoint(nil), s.inherited...)
-	for _, c := range s.ckpts {
-		if ckptNum(c.ID) > ckptNum(ck) {
-			break
-		}
-		out = append(out, s.view(c))
+	path := s.ancestors(ck) // its branch, from the first checkpoint down
+	for i := len(path) - 1; i >= 0; i-- {
+		out = append(out, s.view(s.ckpts[s.find(path[i])]))
 	}
 	return out
 }

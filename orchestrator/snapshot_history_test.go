@@ -8,8 +8,10 @@ import (
 
 func TestSnapshotHistoryCarriesOver(t *testing.T) {
 	src := &session{dir: t.TempDir(), inherited: []api.Checkpoint{{ID: "1", Message: "from an older snapshot"}}}
+	parent := ""
 	for _, id := range []string{"2", "3", "4"} {
-		src.ckpts = append(src.ckpts, ckptRecord{Checkpoint: api.Checkpoint{ID: id}})
+		src.ckpts = append(src.ckpts, ckptRecord{Checkpoint: api.Checkpoint{ID: id, Parent: parent}})
+		parent = id
 	}
 	hist := src.snapshotHistory("3")
 	if len(hist) != 3 || hist[0].Message != "from an older snapshot" || hist[2].ID != "3" {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/containerd/errdefs"
-
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
@@ -22,11 +20,13 @@ func (o *Orchestrator) Verify(ctx context.Context, id, ckpt string) (api.VerifyR
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ckpt == "" {
-		ckpt = s.latest().ID
+		ckpt = refHead
 	}
-	if s.find(ckpt) < 0 {
-		return api.VerifyResult{}, fmt.Errorf("checkpoint %q of sandbox %q: %w", ckpt, id, errdefs.ErrNotFound)
+	i, err := s.resolve(ckpt)
+	if err != nil {
+		return api.VerifyResult{}, err
 	}
+	ckpt = s.ckpts[i].ID
 	res := api.VerifyResult{ID: id, Checkpoint: ckpt}
 	if err := s.state.Verify(ctx); err != nil {
 		res.Problems = append(res.Problems, "state: "+err.Error())

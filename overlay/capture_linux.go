@@ -187,7 +187,7 @@ func (s *Store) checkCapture(req CaptureRequest) error {
 		return fmt.Errorf("checkpoint exists: %w", errdefs.ErrAlreadyExists)
 	}
 	if latest := s.latestID(); req.Parent != latest {
-		return fmt.Errorf("parent %q is not the latest checkpoint %q: %w", req.Parent, latest, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("parent %q is not the head checkpoint %q: %w", req.Parent, latest, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
@@ -294,6 +294,7 @@ func copyIn(pw *packWriter, rootfd int, e *Entry) (int64, uint64, error) {
 // commitCapture moves the in-memory state to the new checkpoint.
 func (s *Store) commitCapture(m *manifest, f *os.File, res *scanResult) {
 	s.chain = append(s.chain, m)
+	s.head = m.ID
 	s.packs[m.ID] = f
 	if m.Full {
 		s.state = map[string]*Entry{}

@@ -9,14 +9,20 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/deltabox/deltabox/internal/log"
 )
 
-// Delete removes checkpoint id. Later checkpoints stay restorable: the next checkpoint
+// Delete removes checkpoint id. A checkpoint with one child is folded into it: the child
 // absorbs what id recorded that it does not override (contents included), becoming
-// self-contained if id was. Deleting the latest checkpoint makes its parent the latest; the
-// next L1 capture then records everything changed since that parent.
-func (s *Store) Delete(ctx context.Context, id string) error {
+// self-contained if id was, so every checkpoint below stays restorable. A leaf goes with
+// nothing else changed; deleting the head (only as a leaf) makes its parent the head, and the
+// next L1 capture then records everything changed since that parent. A checkpoint with more
+// than one child (a branch point) cannot be deleted (errdefs.ErrFailedPrecondition).
+// merge, when given, computes the record (Meta) the child keeps from the deleted
+// checkpoint's and its own.
+func (s *Store) Delete(ctx context.Context, id string, merge ...MetaMerge) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.prepareTemp()
@@ -24,10 +30,20 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("delete checkpoint: %w", err)
 	}
-	if pos == len(s.chain)-1 {
-		err = s.deleteLatest(pos)
-	} else {
-		err = s.deleteInner(pos)
+	kids := s.children(id)
+	switch {
+	case len(kids) > 1:
+		err = fmt.Errorf("it has %d children: %w", len(kids), errdefs.ErrFailedPrecondition)
+	case len(kids) == 1 && id == s.head:
+		err = fmt.Errorf("it is the head and has a child: %w", errdefs.ErrFailedPrecondition)
+	case len(kids) == 0:
+		err = s.deleteLeaf(pos)
+	default:
+		var mm MetaMerge
+		if len(merge) > 0 {
+			mm = merge[0]
+		}
+		err = s.deleteInner(pos, kids[0], mm)
 	}
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %s: %w", id, err)
@@ -36,25 +52,70 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
-// deleteLatest drops the newest checkpoint and rebuilds the state of its parent.
-func (s *Store) deleteLatest(pos int) error {
+// MetaMerge returns the record a child keeps when its parent is folded into it by Delete.
+type MetaMerge func(parent, child []byte) ([]byte, error)
+
+// Children returns the checkpoints whose parent is id, in capture order.
+func (s *Store) Children(id string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, p := range s.children(id) {
+		out = append(out, s.chain[p].ID)
+	}
+	return out
+}
+
+// children returns the chain positions of id's children.
+func (s *Store) children(id string) []int {
+	var out []int
+	for i, m := range s.chain {
+		if m.Parent == id {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// deleteLeaf drops a checkpoint without children; if it is the head, its parent becomes the
+// head and the state is rebuilt.
+func (s *Store) deleteLeaf(pos int) error {
+	m := s.chain[pos]
+	if err := s.removePack(m.ID); err != nil {
+		return err
+	}
+	s.chain = append(s.chain[:pos], s.chain[pos+1:]...)
+	if s.opts.sync {
+		if err := syncDir(s.dir); err != nil {
+			return err
+		}
+	}
+	if m.ID != s.head {
+		return nil
+	}
 	if s.pending != nil {
 		if err := os.Remove(filepath.Join(s.dir, rollbackFile)); err != nil && !os.IsNotExist(err) {
 			return err
 		}
 		s.pending = nil
 	}
-	if err := s.truncateAfter(pos - 1); err != nil {
-		return err
-	}
+	s.head = m.Parent
 	return s.rebuild()
 }
 
-// deleteInner folds checkpoint pos into its successor, rewriting the successor's pack, then
-// removes pos. A crash in between leaves both packs; load drops the absorbed one.
-func (s *Store) deleteInner(pos int) error {
-	old, next := s.chain[pos], s.chain[pos+1]
+// deleteInner folds checkpoint pos into its only child (at chain position kid), rewriting the
+// child's pack, then removes pos. A crash in between leaves both packs; load drops the
+// absorbed one (the child names it).
+func (s *Store) deleteInner(pos, kid int, merge MetaMerge) error {
+	old, next := s.chain[pos], s.chain[kid]
 	m := mergeManifests(old, next)
+	if merge != nil {
+		meta, err := merge(old.Meta, next.Meta)
+		if err != nil {
+			return fmt.Errorf("merge records: %w", err)
+		}
+		m.Meta = meta
+	}
 	f, err := s.tempFile()
 	if err != nil {
 		return fmt.Errorf("create pack: %w", err)
@@ -72,7 +133,7 @@ func (s *Store) deleteInner(pos int) error {
 		f.Close()
 	}
 	s.packs[next.ID] = pw.file()
-	s.chain[pos+1] = m
+	s.chain[kid] = m
 	if err := s.removePack(old.ID); err != nil {
 		return err
 	}
@@ -82,7 +143,8 @@ func (s *Store) deleteInner(pos int) error {
 			return err
 		}
 	}
-	s.state, s.root = s.foldState(len(s.chain)-1), s.foldRoot(len(s.chain)-1)
+	h := s.headPos()
+	s.state, s.root = s.foldState(h), s.foldRoot(h)
 	return nil
 }
 
@@ -90,7 +152,7 @@ func (s *Store) deleteInner(pos int) error {
 // contents must be copied into the new pack by copyContents).
 func mergeManifests(old, next *manifest) *manifest {
 	m := *next
-	m.Parent, m.Full = old.Parent, old.Full || next.Full
+	m.Parent, m.Full, m.Absorbed = old.Parent, old.Full || next.Full, old.ID
 	m.Version = manifestVer // copyContents gives every entry with content a digest
 	if m.Root == nil {
 		m.Root = old.Root

@@ -44,6 +44,7 @@ type manifest struct {
 	Lower    []string        `json:"lower,omitempty"`
 	Created  time.Time       `json:"created"`
 	Rollback string          `json:"rollback,omitempty"` // nonce of the rollback it absorbed
+	Absorbed string          `json:"absorbed,omitempty"` // the deleted parent it absorbed (see Delete)
 	Entries  []*Entry        `json:"entries"`
 	Index    map[string]*Key `json:"index"`          // change-detection keys; nil deletes
 	Meta     json.RawMessage `json:"meta,omitempty"` // the caller's record of the checkpoint

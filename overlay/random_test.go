@@ -34,8 +34,11 @@ func TestRandomizedRollback(t *testing.T) {
 	ids := f.s.Checkpoints()
 	r.rollback(ids[r.rng.IntN(len(ids))])
 	tracked, walked = scanCounts.tracked.Load()-tracked, scanCounts.walked.Load()-walked
-	t.Logf("seed %d: %d ops, %d checkpoints, %d rollbacks, %d reopens, %d deletes; scans: %d tracked (each checked against a walk), %d walked",
-		seed, ops, r.n, r.rollbacks, r.reopens, r.deletes, tracked, walked)
+	t.Logf("seed %d: %d ops, %d checkpoints, %d rollbacks (%d to another branch), %d reopens, %d deletes; scans: %d tracked (each checked against a walk), %d walked",
+		seed, ops, r.n, r.rollbacks, r.cross, r.reopens, r.deletes, tracked, walked)
+	if r.cross == 0 {
+		t.Errorf("no rollback went to another branch of the tree")
+	}
 	if tracked < walked {
 		t.Errorf("only %d of %d scans used the change tracker", tracked, tracked+walked)
 	}
@@ -54,6 +57,7 @@ type randomizer struct {
 	rng                            *rand.Rand
 	walks                          map[string]map[string]nodeInfo
 	n, rollbacks, reopens, deletes int
+	cross                          int // rollbacks to a checkpoint that is not an ancestor of the head
 }
 
 func (r *randomizer) step(i int) {
@@ -94,6 +98,9 @@ func (r *randomizer) checkpoint(lvl Level) {
 func (r *randomizer) rollback(id string) {
 	r.t.Helper()
 	r.rollbacks++
+	if !isAncestor(r.t, r.f.s, id, r.f.s.Head()) {
+		r.cross++
+	}
 	if tr := os.Getenv("DELTABOX_OVERLAY_RANDOM_TRACE"); tr != "" {
 		r.t.Logf("before rollback to %s: %s", id, debugChain(r.f.s, tr))
 	}
@@ -115,13 +122,30 @@ func (r *randomizer) deleteOne() {
 	if len(ids) < 3 {
 		return
 	}
-	id := ids[r.rng.IntN(len(ids)-1)]
+	id := ids[r.rng.IntN(len(ids))]
+	if id == r.f.s.Head() || len(r.f.s.Children(id)) > 1 {
+		return // the head and branch points stay (Delete refuses them)
+	}
 	must(r.t, r.f.s.Delete(r.t.Context(), id))
 	if os.Getenv("DELTABOX_OVERLAY_RANDOM_TRACE") != "" {
 		r.t.Logf("deleted %s", id)
 	}
 	delete(r.walks, id)
 	r.deletes++
+}
+
+// isAncestor reports whether a is b or one of b's ancestors.
+func isAncestor(t testing.TB, s *Store, a, b string) bool {
+	for b != "" {
+		if a == b {
+			return true
+		}
+		var err error
+		if b, err = s.Parent(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return false
 }
 
 func joinLines(lines []string) string {

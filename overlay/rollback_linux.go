@@ -18,8 +18,9 @@ import (
 	"github.com/deltabox/deltabox/internal/log"
 )
 
-// Rollback restores the merged tree to checkpoint req.Target: every path changed after it
-// (in later checkpoints or not yet captured) gets back its content, type, mode, owner, mtime,
+// Rollback restores the merged tree to checkpoint req.Target, anywhere in the tree: every
+// path changed on the way from the head up to the common ancestor and down to the target (in
+// those checkpoints, or not yet captured) gets back its content, type, mode, owner, mtime,
 // xattrs, symlink target and hard links as of the target, or is removed if it did not exist
 // then; lower-dir paths changed since are restored from the lower content. All writes go
 // through the merged mount, never following a symlink the sandbox made. A regular file that
@@ -27,12 +28,12 @@ import (
 // holding it open sees the restored content); other entries are removed and recreated. The
 // caller keeps the sandbox frozen.
 //
-// The target becomes the latest checkpoint: checkpoints after it are deleted. The index is
-// moved to the upper dir as the writes left it, so the next L1 capture is relative to the
-// target; it also records the paths the rollback rewrote, as the upper dir now holds them.
-// Right after a rollback, Diff against the current upper dir may list those paths as
-// modified although their merged view equals the target. A failed rollback can be retried;
-// it recomputes what differs.
+// The target becomes the head; no checkpoint is deleted (the head's branch stays, and can be
+// rolled back to). The index is moved to the upper dir as the writes left it, so the next L1
+// capture is relative to the target; it also records the paths the rollback rewrote, as the
+// upper dir now holds them. Right after a rollback, Diff against the current upper dir may
+// list those paths as modified although their merged view equals the target. A failed
+// rollback can be retried; it recomputes what differs.
 func (s *Store) Rollback(ctx context.Context, req RollbackRequest) (*RollbackResult, error) {
 	start := time.Now()
 	s.mu.Lock()
@@ -62,7 +63,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 		return nil, fmt.Errorf("scan upper dir: %w", err)
 	}
 	target := s.state
-	if pos != len(s.chain)-1 {
+	if pos != s.headPos() {
 		target = s.foldState(pos)
 	}
 	v, err := newView(target, req.Lower)
@@ -70,7 +71,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 		return nil, err
 	}
 	defer v.close()
-	pl, err := s.plan(v, fds, s.changedAfter(pos, target, res))
+	pl, err := s.plan(v, fds, s.changedBetween(pos, target, res))
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +88,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 	if err := restoreRoot(fds, root); err != nil {
 		return nil, err
 	}
-	if err := s.finishRollback(pos, fds.upper, res, pl, target); err != nil {
+	if err := s.finishRollback(pos, fds.upper, res, pl, target, req.Meta); err != nil {
 		return nil, err
 	}
 	if s.trk != nil { // the next capture checks the rewritten paths again, events or not
@@ -155,19 +156,24 @@ func openRollbackRoots(req RollbackRequest) (rollbackRoots, error) {
 	return rollbackRoots{merged: m, upper: u}, nil
 }
 
-// changedAfter returns every path changed after chain position pos: in later checkpoints
-// and in the upper dir since the latest one. A self-contained checkpoint records no "gone"
-// entries, so every path of the target's upper state that it lacks counts as changed.
-func (s *Store) changedAfter(pos int, target map[string]*Entry, res *scanResult) map[string]bool {
+// changedBetween returns every path that may differ between the upper dir now and the
+// target at chain position pos: the paths recorded by the checkpoints from the head up to
+// the common ancestor and down to the target, and those changed in the upper dir since the
+// head. A self-contained checkpoint on the way records no "gone" entries, so then every path
+// of the head's and the target's state counts as changed.
+func (s *Store) changedBetween(pos int, target map[string]*Entry, res *scanResult) map[string]bool {
 	set := map[string]bool{}
-	for _, m := range s.chain[pos+1:] {
-		has := map[string]bool{}
+	up, down := s.pathBetween(s.headPos(), pos)
+	for _, i := range append(up, down...) {
+		m := s.chain[i]
 		for _, e := range m.Entries {
 			set[e.Path] = true
-			has[e.Path] = true
 		}
-		for p := range target {
-			if m.Full && !has[p] {
+		if m.Full {
+			for p := range target {
+				set[p] = true
+			}
+			for p := range s.state {
 				set[p] = true
 			}
 		}
@@ -181,14 +187,13 @@ func (s *Store) changedAfter(pos int, target map[string]*Entry, res *scanResult)
 	return set
 }
 
-// finishRollback moves the index to the new upper dir, records the rollback and drops the
-// checkpoints after the target, with one directory fsync for both: a crash before it leaves
-// either change or both, and each combination reopens consistently (a missing record only
-// makes the next capture record the rewritten paths again).
-func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, target map[string]*Entry) error {
+// finishRollback moves the index to the new upper dir and records the rollback, which makes
+// the target the head (durable once renamed and its directory fsynced: a crash before leaves
+// the old head, and the next capture records the rewritten paths again).
+func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, target map[string]*Entry, meta []byte) error {
 	s.idx.apply(res)
 	s.reindex(upperfd, pl, target)
-	rec := &rollbackRecord{Nonce: nonce(), Target: s.chain[pos].ID, Index: s.indexDelta(pos, res, pl)}
+	rec := &rollbackRecord{Nonce: nonce(), Target: s.chain[pos].ID, Index: s.indexDelta(pos, res, pl), Meta: meta}
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -201,6 +206,7 @@ func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, targ
 		return fmt.Errorf("record rollback: %w", err)
 	}
 	s.pending = rec
+	s.head = rec.Target
 	s.state = target
 	s.root = s.foldRoot(pos)
 	var st unix.Stat_t
@@ -208,9 +214,6 @@ func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, targ
 		s.rootKey = keyOf(&st)
 	} else {
 		s.rootKey = Key{} // unknown: the next capture describes the root again
-	}
-	if err := s.dropAfter(pos); err != nil {
-		return err
 	}
 	if s.opts.sync {
 		return syncDir(s.dir)
@@ -263,12 +266,14 @@ func sameLink(upperfd int, p string, e *Entry, st *unix.Stat_t) bool {
 }
 
 // indexDelta returns how the live index differs from the index persisted at chain position
-// pos. Unless a later checkpoint is self-contained (its index may differ anywhere), only paths
-// named by a later checkpoint's index, the pending rollback, this rollback's scan or its
-// writes can differ, so only those are compared.
+// pos. Unless a checkpoint between the head and pos is self-contained (its index may differ
+// anywhere), only paths named by the index of a checkpoint on the way, the pending rollback,
+// this rollback's scan or its writes can differ, so only those are compared.
 func (s *Store) indexDelta(pos int, res *scanResult, pl *plan) map[string]*Key {
 	cand := map[string]bool{}
-	for _, m := range s.chain[pos+1:] {
+	up, down := s.pathBetween(s.headPos(), pos)
+	for _, i := range append(up, down...) {
+		m := s.chain[i]
 		if m.Full {
 			return s.fullIndexDelta(pos)
 		}
@@ -326,8 +331,9 @@ func (s *Store) addDelta(delta map[string]*Key, p string, persisted *Key) {
 
 // keyAt returns p's persisted index key at chain position pos (nil when not indexed).
 func (s *Store) keyAt(pos int, p string) *Key {
-	for i, b := pos, s.base(pos); i >= b; i-- {
-		if k, ok := s.chain[i].Index[p]; ok {
+	anc := s.ancestry(pos)
+	for j := len(anc) - 1; j >= 0; j-- {
+		if k, ok := s.chain[anc[j]].Index[p]; ok {
 			return k
 		}
 	}

@@ -41,8 +41,8 @@ func TestRollbackRestoresEachChangeKind(t *testing.T) {
 	// Back to the start, across a stored checkpoint: lower content comes back.
 	back := f.rollback(t, "c0")
 	assertTree(t, base, walkTree(t, f.merged), true)
-	if got := f.s.Checkpoints(); len(got) != 1 || got[0] != "c0" {
-		t.Fatalf("rollback must discard later checkpoints, have %v", got)
+	if got := f.s.Checkpoints(); len(got) != 2 || f.s.Head() != "c0" {
+		t.Fatalf("rollback must keep the later checkpoints and make c0 the head, have %v head %s", got, f.s.Head())
 	}
 	// The index follows the rolled-back upper dir: the next L1 records the new change and, at
 	// most, paths the rollback rewrote (as the upper dir now represents them), nothing else.

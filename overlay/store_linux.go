@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,18 +21,23 @@ import (
 	"github.com/deltabox/deltabox/internal/log"
 )
 
-// Store is the layer store of one sandbox: a linear chain of checkpoints (IDs in capture
-// order) plus the in-memory change-detection index of the upper dir as of the latest
-// checkpoint or rollback. It is safe for concurrent use; operations are serialized.
+// Store is the layer store of one sandbox: a tree of checkpoints (each names its parent;
+// chain holds them in capture order) with a head, the checkpoint the upper dir is relative
+// to (the latest capture or the target of the latest rollback), plus the in-memory
+// change-detection index of the upper dir as of the head. A rollback may go to any
+// checkpoint of the tree: it restores every path changed on the way from the head up to
+// the common ancestor and down to the target. It is safe for concurrent use; operations
+// are serialized.
 type Store struct {
 	mu      sync.Mutex
 	dir     string
 	opts    options
-	chain   []*manifest         // capture order; chain[len-1] is the latest
+	chain   []*manifest         // every checkpoint, in capture order
+	head    string              // the current checkpoint ("" for an empty store)
 	packs   map[string]*os.File // open pack files by checkpoint ID
-	idx     *index              // upper dir as of the latest checkpoint or rollback
-	state   map[string]*Entry   // upper state at the latest checkpoint
-	root    *Entry              // the upper dir's own metadata at the latest checkpoint
+	idx     *index              // upper dir as of the head (and the pending rollback)
+	state   map[string]*Entry   // upper state at the head
+	root    *Entry              // the upper dir's own metadata at the head
 	rootKey Key                 // its change-detection key (zero: unknown, record it again)
 	pending *rollbackRecord     // rollback not yet absorbed by a capture
 	trk     *tracker            // change tracker of the upper dir (nil until the first scan)
@@ -69,12 +75,14 @@ func WithoutTracking() Option { return func(o *options) { o.track = false } }
 // WithoutReflink disables FICLONE attempts (copy_file_range is used).
 func WithoutReflink() Option { return func(o *options) { o.reflink = false } }
 
-// rollbackRecord is the durable trace of a rollback: the target became the latest checkpoint
-// and the upper dir's index moved by Index (relative to the target's index).
+// rollbackRecord is the durable trace of a rollback: the target became the head and the
+// upper dir's index moved by Index (relative to the target's index). Meta is the caller's
+// (RollbackRequest.Meta), returned by HeadMeta until the next capture absorbs the record.
 type rollbackRecord struct {
 	Nonce  string          `json:"nonce"`
 	Target string          `json:"target"`
 	Index  map[string]*Key `json:"index"`
+	Meta   json.RawMessage `json:"meta,omitempty"`
 }
 
 const rollbackFile = "rollback.json"
@@ -137,19 +145,43 @@ func (s *Store) Checkpoints() []string {
 	return ids
 }
 
-// Latest returns the latest checkpoint ID ("" for an empty store).
-func (s *Store) Latest() string {
+// Latest returns the head: the checkpoint the upper dir is relative to, the latest capture
+// or the target of the latest rollback ("" for an empty store). The next capture's parent.
+func (s *Store) Latest() string { return s.Head() }
+
+// Head is Latest.
+func (s *Store) Head() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.latestID()
+	return s.head
 }
 
-func (s *Store) latestID() string {
-	if len(s.chain) == 0 {
-		return ""
+// HeadMeta returns the Meta of the rollback that made the head, until a capture absorbs it
+// (nil when the head is the latest capture).
+func (s *Store) HeadMeta() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending == nil {
+		return nil
 	}
-	return s.chain[len(s.chain)-1].ID
+	return s.pending.Meta
 }
+
+// Parent returns the parent of checkpoint id ("" for a root).
+func (s *Store) Parent(id string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pos, err := s.lookup(id)
+	if err != nil {
+		return "", err
+	}
+	return s.chain[pos].Parent, nil
+}
+
+func (s *Store) latestID() string { return s.head }
+
+// headPos is the chain position of the head (-1 for an empty store).
+func (s *Store) headPos() int { return s.position(s.head) }
 
 // load reads every pack, orders the chain and rebuilds the in-memory state.
 func (s *Store) load() error {
@@ -174,6 +206,9 @@ func (s *Store) load() error {
 	sort.Slice(s.chain, func(i, j int) bool { return s.chain[i].Seq < s.chain[j].Seq })
 	if err := s.repairChain(); err != nil {
 		return err
+	}
+	if n := len(s.chain); n > 0 {
+		s.head = s.chain[n-1].ID
 	}
 	if err := s.loadRollback(); err != nil {
 		return err
@@ -204,28 +239,36 @@ func (s *Store) loadPack(name string) error {
 	return nil
 }
 
-// repairChain drops packs left behind by an interrupted Delete (a checkpoint whose successor
-// was already rewritten to absorb it names the deleted checkpoint's parent) and checks that
-// the rest is one linear chain. Where the chain breaks (a pack is missing or was set aside
-// as damaged), the checkpoints before the break stay usable and those after it, which
-// cannot be rebuilt, are set aside.
+// repairChain drops packs left behind by an interrupted Delete (a checkpoint rewritten to
+// absorb its parent names it in Absorbed) and checks the tree: a checkpoint that is not
+// self-contained needs its parent. Where a parent is missing (a pack is missing or was set
+// aside as damaged), the checkpoints that cannot be rebuilt, it and its descendants, are set
+// aside; the others stay usable. Parents always come earlier in capture order.
 func (s *Store) repairChain() error {
-	if len(s.chain) > 0 && !s.chain[0].Full {
-		return s.setAsideFrom(0, fmt.Sprintf("its base (parent %q) is missing or damaged", s.chain[0].Parent))
+	absorbed := map[string]bool{}
+	for _, m := range s.chain {
+		if m.Absorbed != "" {
+			absorbed[m.Absorbed] = true
+		}
 	}
-	for i := 0; i+1 < len(s.chain); {
-		cur, next := s.chain[i], s.chain[i+1]
-		switch {
-		case next.Parent == cur.ID:
-			i++
-		case next.Parent == cur.Parent:
-			if err := s.removePack(cur.ID); err != nil {
+	for id := range absorbed {
+		if s.position(id) >= 0 {
+			if err := s.removePack(id); err != nil {
 				return err
 			}
-			s.chain = append(s.chain[:i], s.chain[i+1:]...)
-		default:
-			return s.setAsideFrom(i+1, fmt.Sprintf("it follows checkpoint %q, which is missing or damaged (the chain ends at %s)", next.Parent, cur.ID))
 		}
+	}
+	s.chain = slices.DeleteFunc(s.chain, func(x *manifest) bool { return absorbed[x.ID] })
+	for i := 0; i < len(s.chain); i++ {
+		m := s.chain[i]
+		if m.Full || (m.Parent != "" && s.position(m.Parent) >= 0 && s.position(m.Parent) < i) {
+			continue
+		}
+		reason := fmt.Sprintf("its base (parent %q) is missing or damaged", m.Parent)
+		if err := s.setAsideAt(i, reason); err != nil {
+			return err
+		}
+		i--
 	}
 	return nil
 }
@@ -233,20 +276,16 @@ func (s *Store) repairChain() error {
 // damagedSuffix marks a pack set aside: <id>.ckpt.damaged-<unix nanoseconds>.
 const damagedSuffix = packSuffix + ".damaged"
 
-// setAsideFrom sets aside the checkpoints from chain position pos on.
-func (s *Store) setAsideFrom(pos int, reason string) error {
-	for len(s.chain) > pos {
-		last := s.chain[len(s.chain)-1]
-		if f := s.packs[last.ID]; f != nil {
-			f.Close()
-			delete(s.packs, last.ID)
-		}
-		s.chain = s.chain[:len(s.chain)-1]
-		if err := s.setAside(last.ID, reason); err != nil {
-			return err
-		}
+// setAsideAt sets aside the checkpoint at chain position pos (its descendants follow when
+// repairChain reaches them).
+func (s *Store) setAsideAt(pos int, reason string) error {
+	m := s.chain[pos]
+	if f := s.packs[m.ID]; f != nil {
+		f.Close()
+		delete(s.packs, m.ID)
 	}
-	return nil
+	s.chain = append(s.chain[:pos], s.chain[pos+1:]...)
+	return s.setAside(m.ID, reason)
 }
 
 // setAside renames a damaged checkpoint's pack out of the chain (it is kept for the operator
@@ -274,8 +313,8 @@ func (s *Store) Damaged() []Damage {
 	return append([]Damage(nil), s.damaged...)
 }
 
-// loadRollback finishes an interrupted rollback (drops checkpoints after its target) or
-// discards a rollback record already absorbed by a later capture.
+// loadRollback makes the target of the last rollback the head again, or discards a rollback
+// record already absorbed by a later capture.
 func (s *Store) loadRollback() error {
 	data, err := os.ReadFile(filepath.Join(s.dir, rollbackFile))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -297,21 +336,18 @@ func (s *Store) loadRollback() error {
 	if pos < 0 {
 		return fmt.Errorf("rollback target %s is missing: %w", rec.Target, errdefs.ErrDataLoss)
 	}
-	if err := s.truncateAfter(pos); err != nil {
-		return err
-	}
-	s.pending = &rec
+	s.head, s.pending = rec.Target, &rec
 	return nil
 }
 
-// rebuild recomputes the latest state and index from the chain (and a pending rollback).
+// rebuild recomputes the head's state and index from the tree (and a pending rollback).
 func (s *Store) rebuild() error {
 	s.state = map[string]*Entry{}
 	s.idx = newIndex(nil)
-	if len(s.chain) == 0 {
+	n := s.headPos()
+	if n < 0 {
 		return nil
 	}
-	n := len(s.chain) - 1
 	s.state, s.root = s.foldState(n), s.foldRoot(n)
 	keys := s.foldIndex(n)
 	if s.pending != nil {
@@ -331,29 +367,56 @@ func (s *Store) position(id string) int {
 	return -1
 }
 
-// base returns the position of the last self-contained checkpoint at or before pos.
-func (s *Store) base(pos int) int {
-	for i := pos; i > 0; i-- {
-		if s.chain[i].Full {
-			return i
+// ancestry returns the chain positions from the nearest self-contained ancestor of pos (or
+// the root) down to pos, following parent links.
+func (s *Store) ancestry(pos int) []int {
+	var out []int
+	for p := pos; p >= 0; p = s.position(s.chain[p].Parent) {
+		out = append(out, p)
+		if s.chain[p].Full {
+			break
 		}
 	}
-	return 0
+	slices.Reverse(out)
+	return out
 }
 
-// foldState replays the chain up to pos into the upper state at that checkpoint.
+// pathBetween returns the checkpoints passed going from position a up to the common
+// ancestor of a and b (up: a first, the ancestor excluded) and down to b (down: the one below
+// the ancestor first, b last).
+func (s *Store) pathBetween(a, b int) (up, down []int) {
+	onA := map[int]bool{}
+	for p := a; p >= 0; p = s.position(s.chain[p].Parent) {
+		onA[p] = true
+	}
+	lca := -1
+	for p := b; p >= 0; p = s.position(s.chain[p].Parent) {
+		if onA[p] {
+			lca = p
+			break
+		}
+		down = append(down, p)
+	}
+	slices.Reverse(down)
+	for p := a; p >= 0 && p != lca; p = s.position(s.chain[p].Parent) {
+		up = append(up, p)
+	}
+	return up, down
+}
+
+// foldState replays the tree down to pos into the upper state at that checkpoint.
 func (s *Store) foldState(pos int) map[string]*Entry {
 	st := map[string]*Entry{}
-	for i := s.base(pos); i <= pos; i++ {
+	for _, i := range s.ancestry(pos) {
 		applyEntries(st, s.chain[i].Entries)
 	}
 	return st
 }
 
-// foldRoot returns the upper dir's own metadata at pos: the latest recorded at or before it
+// foldRoot returns the upper dir's own metadata at pos: the latest recorded at or above it
 // (nil for checkpoints of versions that did not record it).
 func (s *Store) foldRoot(pos int) *Entry {
-	for i := pos; i >= 0; i-- {
+	for i := pos; i >= 0; i = s.position(s.chain[i].Parent) {
 		if r := s.chain[i].Root; r != nil {
 			return r
 		}
@@ -361,10 +424,10 @@ func (s *Store) foldRoot(pos int) *Entry {
 	return nil
 }
 
-// foldIndex replays the index deltas up to pos.
+// foldIndex replays the index deltas down to pos.
 func (s *Store) foldIndex(pos int) map[string]*Key {
 	keys := map[string]*Key{}
-	for i := s.base(pos); i <= pos; i++ {
+	for _, i := range s.ancestry(pos) {
 		applyKeys(keys, s.chain[i].Index)
 	}
 	return keys
@@ -405,30 +468,6 @@ func (s *Store) removePack(id string) error {
 	return nil
 }
 
-// truncateAfter deletes every checkpoint after chain position pos, durably.
-func (s *Store) truncateAfter(pos int) error {
-	if err := s.dropAfter(pos); err != nil {
-		return err
-	}
-	if s.opts.sync {
-		return syncDir(s.dir)
-	}
-	return nil
-}
-
-// dropAfter deletes every checkpoint after chain position pos, newest first; the removals are
-// durable once the store directory is fsynced.
-func (s *Store) dropAfter(pos int) error {
-	for len(s.chain) > pos+1 {
-		last := s.chain[len(s.chain)-1]
-		if err := s.removePack(last.ID); err != nil {
-			return err
-		}
-		s.chain = s.chain[:len(s.chain)-1]
-	}
-	return nil
-}
-
 // lookup returns the chain position of id or a NotFound error.
 func (s *Store) lookup(id string) (int, error) {
 	if err := validateID(id); err != nil {
@@ -443,7 +482,7 @@ func (s *Store) lookup(id string) (int, error) {
 
 // stateAt returns the upper state at chain position pos.
 func (s *Store) stateAt(pos int) map[string]*Entry {
-	if pos == len(s.chain)-1 {
+	if pos == s.headPos() {
 		return s.state
 	}
 	return s.foldState(pos)

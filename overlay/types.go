@@ -111,6 +111,9 @@ type RollbackRequest struct {
 	Lower  []string  // the lower dirs, topmost first
 	Target string    // checkpoint to restore
 	Open   OpenFiles // as in CaptureRequest
+	// Meta is kept with the rollback's record and returned by Store.HeadMeta until the next
+	// capture (JSON).
+	Meta []byte
 	// BeforeWrite, when set, runs once the rollback is worked out and every content it needs
 	// is open and has passed its digest check, just before the first write; its error stops
 	// the rollback with nothing written. A rollback that fails before it (a damaged target:

@@ -16,6 +16,11 @@ const (
 type CheckpointRequest struct {
 	Level   string `json:"level,omitempty"` // default l1
 	Message string `json:"message,omitempty"`
+	// Name is a reference to the checkpoint besides its ID (docs/time-travel.md): letters,
+	// digits, '.', '_', '-', not only digits, at most 64 bytes. Names need not be unique; a
+	// reference to a name several checkpoints carry is refused as ambiguous.
+	Name string `json:"name,omitempty"`
+	Pin  bool   `json:"pin,omitempty"` // retention never drops it
 }
 
 // Checkpoint describes one checkpoint of a sandbox.
@@ -33,11 +38,16 @@ type Checkpoint struct {
 	FrozenMS         float64   `json:"frozen_ms"`
 	TotalMS          float64   `json:"total_ms"`
 	Committed        bool      `json:"committed,omitempty"` // at or before the commit point
+	Name             string    `json:"name,omitempty"`
+	Pinned           bool      `json:"pinned,omitempty"`
+	Head             bool      `json:"head,omitempty"` // the sandbox is at this checkpoint or after it (reference @)
 }
 
 // RollbackRequest is the body of POST /v1/sandboxes/{id}/rollback.
 type RollbackRequest struct {
-	To    string `json:"to,omitempty"` // default: the latest checkpoint
+	// To is a reference (docs/time-travel.md): an ID, a name, "@" (the head), "@~N" (N steps
+	// up from the head) or "lease". Default: the head. Any checkpoint of the tree.
+	To    string `json:"to,omitempty"`
 	Force bool   `json:"force,omitempty"`
 }
 
@@ -45,6 +55,7 @@ type RollbackRequest struct {
 type RollbackResult struct {
 	ID               string  `json:"id"`
 	To               string  `json:"to"`
+	From             string  `json:"from,omitempty"` // the head before the rollback
 	FilesRestored    int     `json:"files_restored"`
 	OpsUndone        int     `json:"ops_undone"`
 	EffectsDropped   int     `json:"effects_dropped"`
