@@ -296,7 +296,9 @@ func TestRandomizedRollback(t *testing.T) {
 }
 
 // randomizedRollback runs ops random file operations and state patches in a new lease, takes
-// checkpoints and rolls back to random earlier ones, comparing full walks.
+// checkpoints and rolls back to random ones anywhere in the checkpoint tree (other branches
+// included: a rollback deletes nothing), comparing full walks of the files and the state
+// document with those taken at the checkpoint.
 func randomizedRollback(t *testing.T, d *daemon, seed, ops int) {
 	id := d.lease("bb").ID
 	rng := rand.New(rand.NewPCG(uint64(seed), uint64(len(id))))
@@ -328,8 +330,12 @@ func randomizedRollback(t *testing.T, d *daemon, seed, ops int) {
 			if got := d.stateDoc(id); got != snaps[k].state {
 				t.Fatalf("seed %d, op %d: state after rollback to %s: %s, want %s", seed, i, snaps[k].id, got, snaps[k].state)
 			}
-			snaps = snaps[:k+1]
 		}
+	}
+	var list []api.Checkpoint
+	d.cliJSON(&list, "checkpoint", "ls", id)
+	if len(list) < len(snaps) {
+		t.Fatalf("seed %d: %d checkpoints listed, %d taken: a rollback deleted some", seed, len(list), len(snaps))
 	}
 }
 

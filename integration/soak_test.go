@@ -320,9 +320,11 @@ func (w *soakWorker) resync(cause error) {
 	}
 }
 
-// adopt replaces the model's checkpoint list with the daemon's: a checkpoint the model does
-// not know can only be the one whose create was cut (its content is the live steps).
-func (w *soakWorker) adopt(cks []api.Checkpoint) bool {
+// adopt replaces the model's checkpoint list with the daemon's path from the first checkpoint
+// to the head (rollbacks keep other branches, which the model forgets): a checkpoint the model
+// does not know can only be the one whose create was cut (its content is the live steps).
+func (w *soakWorker) adopt(all []api.Checkpoint) bool {
+	cks := headPath(all)
 	var next []soakModel
 	for n, ck := range cks {
 		i := w.index(ck.ID)
@@ -342,6 +344,27 @@ func (w *soakWorker) adopt(cks []api.Checkpoint) bool {
 	}
 	w.ckpts, w.live = next, nil
 	return true
+}
+
+// headPath returns the checkpoints from the first one down to the head, following parents.
+func headPath(all []api.Checkpoint) []api.Checkpoint {
+	byID := map[string]api.Checkpoint{}
+	head := ""
+	for _, c := range all {
+		byID[c.ID] = c
+		if c.Head {
+			head = c.ID
+		}
+	}
+	var path []api.Checkpoint
+	for id := head; id != ""; id = byID[id].Parent {
+		c, ok := byID[id]
+		if !ok {
+			break
+		}
+		path = append([]api.Checkpoint{c}, path...)
+	}
+	return path
 }
 
 // finish commits the latest checkpoint, waits for every effect to be sent, then rolls back to
