@@ -70,6 +70,9 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	}); err != nil {
 		log.L(ctx).Warn("unmount disks of vanished sandboxes", "error", err)
 	}
+	if err := ReserveDisks(m.rt.dir); err != nil {
+		log.L(ctx).Warn("reserve the sandbox disks (a full state root may fail their writeback)", "error", err)
+	}
 	return nil
 }
 
