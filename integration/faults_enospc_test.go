@@ -24,9 +24,9 @@ import (
 // space is freed the sandbox rolls back to the last good checkpoint with its files, state and
 // effects, the rolled-back effects are never sent and the committed one is sent once.
 //
-// The sandboxes' disks ([sandbox] disk, sparse images under <root>/pool/containers) would
-// live on the state root too; they are off here so that the sandbox's own writes stay on the
-// containerd snapshotter's filesystem and only the daemon's records hit the full disk.
+// The sandboxes' disks ([sandbox] disk, images reserved under <root>/pool/containers) would
+// live on the state root too; they are off here so that only the daemon's records hit the
+// full disk (TestFaultsDiskFullStateRoot fills a state root under a sandbox's disk).
 
 // startDaemonOnTmpfs starts a daemon whose state root is a tmpfs of size bytes.
 func startDaemonOnTmpfs(t *testing.T, size int64, extraConfig string) *daemon {

@@ -73,7 +73,7 @@ func startDaemonOn(t testing.TB, e env, extraConfig string, extraArgs ...string)
 	d := &daemon{t: t, env: e, root: filepath.Join(dir, "root"), address: filepath.Join(dir, "api.sock")}
 	d.net = testNetwork(os.Getpid() + int(netSeq.Add(1)))
 	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(d.net.toml()+"\n"+extraConfig), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(d.net.toml()+"\n"+withTestDisk(extraConfig)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { destroyNodeContainers(t, e, d.root); d.net.uninstall(t) })
@@ -81,6 +81,19 @@ func startDaemonOn(t testing.TB, e env, extraConfig string, extraArgs ...string)
 	d.start()
 	t.Cleanup(d.stop)
 	return d
+}
+
+// testDisk is the sandbox disk of test daemons whose config sets no [sandbox]: every disk
+// is reserved in full on the state root (docs/operations.md), and the benchmarks keep up to
+// 100 sandboxes, which the default size would not fit on a test machine.
+const testDisk = "[sandbox]\ndisk = \"128m\"\n"
+
+// withTestDisk adds testDisk to a config that has no [sandbox] section.
+func withTestDisk(config string) string {
+	if strings.Contains(config, "[sandbox]") {
+		return config
+	}
+	return config + "\n" + testDisk
 }
 
 func (d *daemon) start() {

@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,7 +32,8 @@ type sandboxClaim struct {
 	Lease     pool.Lease `json:"lease"`
 }
 
-// writeClaim records, in the session directory, which container the lease runs in.
+// writeClaim records, in the session directory, which container the lease runs in (unless it
+// says so already).
 func (s *session) writeClaim() error {
 	c := sandboxClaim{Container: s.sb.Container, Pool: s.sb.Pool, Lease: pool.Lease{ID: s.sb.ID, Env: s.sb.Env,
 		Labels: s.sb.Labels, LeasedAt: s.sb.LeasedAt, EgressPolicy: s.sb.EgressPolicy}}
@@ -39,7 +41,11 @@ func (s *session) writeClaim() error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(s.dir, claimFile), data, 0o600); err != nil {
+	path := filepath.Join(s.dir, claimFile)
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return nil // a restart on a full state root must not make the lease unusable
+	}
+	if err := writeFileAtomic(path, data, 0o600); err != nil {
 		return fmt.Errorf("record the sandbox's container: %w", err)
 	}
 	return nil

@@ -109,7 +109,7 @@ func TestSandboxDefaults(t *testing.T) {
 	s := Default().Sandbox
 	mem, err1 := s.MemoryBytes()
 	disk, err2 := s.DiskBytes()
-	if err1 != nil || err2 != nil || mem != 1<<30 || disk != 10<<30 || s.CPUs != 1 || s.Pids != 1024 {
+	if err1 != nil || err2 != nil || mem != 1<<30 || disk != 2<<30 || s.CPUs != 1 || s.Pids != 1024 {
 		t.Fatalf("sandbox defaults: %+v (%d, %d, %v, %v)", s, mem, disk, err1, err2)
 	}
 	c, err := Parse([]byte("version = 1\n[sandbox]\nmemory = \"0\"\ndisk = \"2g\"\n"), "t.toml")
