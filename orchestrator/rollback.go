@@ -36,7 +36,7 @@ func (o *Orchestrator) Rollback(ctx context.Context, id string, req api.Rollback
 	if err != nil {
 		return api.RollbackResult{}, err
 	}
-	res := api.RollbackResult{ID: id, To: in.Target}
+	res := api.RollbackResult{ID: id, To: in.Target, From: in.From}
 	frozen, err := o.undo(ctx, s, in, &res, true)
 	if err != nil {
 		return res, fmt.Errorf("rollback sandbox %q to %s: %w", id, in.Target, err)

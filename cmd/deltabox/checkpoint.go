@@ -19,12 +19,15 @@ func checkpointCommand() *cli.Command {
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "level", Usage: "l1 (delta; the default, with an automatic l2 after a long chain), l2 (full) or l3 (processes too)"},
 				&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "a note kept with the checkpoint"},
+				&cli.StringFlag{Name: "name", Usage: "a name to refer to it by (docs/time-travel.md)"},
+				&cli.BoolFlag{Name: "pin", Usage: "retention never drops it"},
 			},
 			Action: checkpointCreate,
 		}, {
-			Name: "ls", Usage: "list a sandbox's checkpoints", ArgsUsage: "ID", Action: checkpointList,
+			Name: "ls", Usage: "list a sandbox's checkpoints (a tree: each names its parent)", ArgsUsage: "ID", Action: checkpointList,
+			Flags: []cli.Flag{&cli.BoolFlag{Name: "tree", Usage: "draw the checkpoint tree"}},
 		}, {
-			Name: "inspect", Usage: "show one checkpoint", ArgsUsage: "ID CKPT", Action: checkpointInspect,
+			Name: "inspect", Usage: "show one checkpoint (CKPT: ID, name, @, @~N or lease)", ArgsUsage: "ID CKPT", Action: checkpointInspect,
 		}},
 	}
 }
@@ -33,7 +36,8 @@ func checkpointCreate(c *cli.Context) error {
 	if err := exactArgs(c, 1, "ID"); err != nil {
 		return err
 	}
-	ck, err := newClient(c).Checkpoint(c.Context, c.Args().First(), api.CheckpointRequest{Level: c.String("level"), Message: c.String("message")})
+	ck, err := newClient(c).Checkpoint(c.Context, c.Args().First(), api.CheckpointRequest{Level: c.String("level"), Message: c.String("message"),
+		Name: c.String("name"), Pin: c.Bool("pin")})
 	if err != nil {
 		return err
 	}
@@ -50,6 +54,9 @@ func checkpointList(c *cli.Context) error {
 	cks, err := newClient(c).Checkpoints(c.Context, c.Args().First())
 	if err != nil {
 		return err
+	}
+	if c.Bool("tree") && outputFormat(c) != "json" {
+		return printResult(c, cks, func(w io.Writer) { drawTree(w, cks) })
 	}
 	return printResult(c, cks, func(w io.Writer) {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -80,7 +87,7 @@ func rollbackCommand() *cli.Command {
 	return &cli.Command{
 		Name: "rollback", Usage: "return a sandbox's files, state and held effects to a checkpoint", ArgsUsage: "ID",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "to", Usage: "checkpoint (default: the latest)"},
+			&cli.StringFlag{Name: "to", Usage: "checkpoint anywhere in the tree: ID, name, @, @~N or lease (default: @, the head)"},
 			&cli.BoolFlag{Name: "force", Usage: "roll back past the last commit (its effects stay sent)"},
 		},
 		Action: func(c *cli.Context) error {
