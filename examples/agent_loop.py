@@ -70,7 +70,7 @@ def main() -> None:
             done = step.attempts[-1]
             print(f"  {name}: ok after {done.number} attempt(s), committed at {done.commit_result['checkpoint']}"
                   + (f": {out.strip()!r}" if out.strip() else ""))
-        diff = sb.diff(first["id"])
+        diff = sb.diff(first["checkpoint"])
         print("files since the start:", ", ".join(f"{f['change']} {f['path']}" for f in diff["files"]))
         print("conversation:", json.dumps([(t["tool"], t["attempt"], t["exit"]) for t in sb.state("/conversation")]))
     print(f"released {sb.id}")

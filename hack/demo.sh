@@ -122,7 +122,7 @@ nohup python3 /counter.py >/dev/null 2>&1 &
 sleep 1; echo "counter at $(cat /tmp/count)"'
 show snapshot push "${ID}"
 SNAP=$(db -o json snapshot ls | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["uri"])')
-RESTORED=$(db -o json restore "${SNAP}" | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+RESTORED=$(db -o json restore "${SNAP}" | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["sandbox"])')
 printf '\n$ deltabox restore %s\n%s\n' "${SNAP}" "${RESTORED}"
 show exec "${RESTORED}" -- sh -c 'echo "restored counter continues at $(cat /tmp/count) (the original is at least at 20 by now)"'
 show fork "${ID}" --count 3

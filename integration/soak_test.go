@@ -165,7 +165,7 @@ func (w *soakWorker) exec(argv ...string) (string, error) {
 	ctx, cancel := w.ctx()
 	defer cancel()
 	var out, errOut bytes.Buffer
-	st, err := w.c.Exec(ctx, w.id, api.ExecRequest{Argv: argv, Timeout: 30 * time.Second}, nil, &out, &errOut)
+	st, err := w.c.Exec(ctx, w.id, api.ExecRequest{Argv: argv, TimeoutMS: 30_000}, nil, &out, &errOut)
 	if err == nil && st.Code != 0 {
 		err = fmt.Errorf("%v: exit %d: %s %s", argv, st.Code, errOut.String(), st.Error)
 	}

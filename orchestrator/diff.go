@@ -53,6 +53,12 @@ func (o *Orchestrator) Diff(ctx context.Context, id, from, to string) (api.Diff,
 		return d, err
 	}
 	d.Effects, err = o.effects.List(ctx, id, s.ckpts[fi].EffectsWatermark, toWM)
+	if d.State == nil { // lists are [] on the wire, never null
+		d.State = []api.StateEntry{}
+	}
+	if d.Effects == nil {
+		d.Effects = []api.Effect{}
+	}
 	return d, err
 }
 

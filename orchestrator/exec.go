@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -41,7 +42,7 @@ func (o *Orchestrator) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	st, err := o.pools.Exec(ctx, id, pool.ExecRequest{
 		Argv: req.Argv, Env: req.Env, Workdir: req.Workdir, User: req.User,
-		Timeout: req.Timeout, OutputCap: req.OutputCap, Tag: req.Tag, Via: req.Via,
+		Timeout: time.Duration(req.TimeoutMS * float64(time.Millisecond)), OutputCap: req.OutputCap, Tag: req.Tag, Via: req.Via,
 	}, stdin, ew.stream(false), ew.stream(true))
 	if err != nil {
 		code, _ := api.FromError(err)
@@ -51,6 +52,9 @@ func (o *Orchestrator) exec(w http.ResponseWriter, r *http.Request) {
 	exit := apiExitStatus(st)
 	ew.send(api.ExecEvent{Exit: &exit})
 }
+
+// maxExecTimeoutMS bounds an exec's timeout_ms (a larger one would overflow a time.Duration).
+const maxExecTimeoutMS = 100 * 24 * 3600 * 1000
 
 func readExecRequest(r *bufio.Reader) (api.ExecRequest, error) {
 	var req api.ExecRequest
@@ -64,8 +68,11 @@ func readExecRequest(r *bufio.Reader) (api.ExecRequest, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return req, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalidArgument)
 	}
-	if req.Timeout < 0 || req.OutputCap < 0 {
+	if req.TimeoutMS < 0 || req.OutputCap < 0 {
 		return req, fmt.Errorf("timeout and output cap must not be negative: %w", errdefs.ErrInvalidArgument)
+	}
+	if req.TimeoutMS > maxExecTimeoutMS {
+		return req, fmt.Errorf("timeout_ms %g: at most %d (100 days): %w", req.TimeoutMS, int64(maxExecTimeoutMS), errdefs.ErrInvalidArgument)
 	}
 	return req, pool.ValidateEnv(req.Env)
 }

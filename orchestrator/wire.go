@@ -4,6 +4,7 @@ import (
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/pool"
 	"github.com/deltabox/deltabox/pool/initproto"
+	"time"
 )
 
 // The API owns its wire types (orchestrator/api links nothing of the daemon); these turn the
@@ -62,5 +63,5 @@ func apiLeaseResult(r pool.LeaseResult) api.LeaseResult {
 
 func apiExitStatus(s initproto.ExitStatus) api.ExitStatus {
 	return api.ExitStatus{Code: s.Code, Signal: s.Signal, TimedOut: s.TimedOut, StdoutTruncated: s.StdoutTruncated,
-		StderrTruncated: s.StderrTruncated, Error: s.Error, Pid: s.Pid, Duration: s.Duration}
+		StderrTruncated: s.StderrTruncated, Error: s.Error, Pid: s.Pid, DurationMS: float64(s.Duration) / float64(time.Millisecond)}
 }

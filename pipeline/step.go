@@ -130,7 +130,7 @@ func (tr *taskRun) execRequest(s *Step, data TemplateData) (api.ExecRequest, err
 	if s.FreshRandom {
 		env = append(env, randomEnv(attemptSeed(tr.res.Seed, s.index, data.Attempt), time.Now())...)
 	}
-	return api.ExecRequest{Argv: argv, Env: env, Workdir: s.Workdir, Timeout: s.Timeout}, nil
+	return api.ExecRequest{Argv: argv, Env: env, Workdir: s.Workdir, TimeoutMS: float64(s.Timeout) / float64(time.Millisecond)}, nil
 }
 
 // outputs returns the attempt's stdout and stderr writers (stderr keeps a tail for errors)

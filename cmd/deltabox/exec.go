@@ -56,7 +56,7 @@ func runExec(c *cli.Context) error {
 		return usagef("exec needs a command after the sandbox ID")
 	}
 	req := api.ExecRequest{Argv: args[1:], Env: c.StringSlice("env"), Workdir: c.String("workdir"),
-		User: c.String("user"), Timeout: timeout, OutputCap: c.Int64("output-cap"), Via: c.String("via")}
+		User: c.String("user"), TimeoutMS: float64(timeout) / float64(time.Millisecond), OutputCap: c.Int64("output-cap"), Via: c.String("via")}
 	var stdin io.Reader
 	if c.Bool("interactive") {
 		stdin = os.Stdin
@@ -76,7 +76,7 @@ func runExec(c *cli.Context) error {
 	} else if st.Error != "" {
 		io.WriteString(c.App.ErrWriter, "deltabox: "+strings.TrimSpace(st.Error)+"\n")
 	} else if st.TimedOut {
-		io.WriteString(c.App.ErrWriter, "deltabox: command timed out after "+req.Timeout.String()+" and was killed\n")
+		io.WriteString(c.App.ErrWriter, "deltabox: command timed out after "+timeout.String()+" and was killed\n")
 	}
 	if jw == nil {
 		reportTruncation(c.App.ErrWriter, st, req.OutputCap)

@@ -25,7 +25,7 @@ type CheckpointRequest struct {
 
 // Checkpoint describes one checkpoint of a sandbox.
 type Checkpoint struct {
-	ID               string    `json:"id"`
+	ID               string    `json:"checkpoint"`
 	Sandbox          string    `json:"sandbox"`
 	Level            string    `json:"level"`
 	Parent           string    `json:"parent,omitempty"`
@@ -53,7 +53,7 @@ type RollbackRequest struct {
 
 // RollbackResult reports what a rollback undid.
 type RollbackResult struct {
-	ID               string  `json:"id"`
+	ID               string  `json:"sandbox"`
 	To               string  `json:"to"`
 	From             string  `json:"from,omitempty"` // the head before the rollback
 	FilesRestored    int     `json:"files_restored"`
@@ -66,7 +66,7 @@ type RollbackResult struct {
 
 // CommitResult reports a commit.
 type CommitResult struct {
-	ID              string `json:"id"`
+	ID              string `json:"sandbox"`
 	Checkpoint      string `json:"checkpoint"` // rollbacks may not go to this or earlier ones
 	EffectsReleased int    `json:"effects_released"`
 	EffectsFailed   int    `json:"effects_failed"`
@@ -91,7 +91,7 @@ type StateEntry struct {
 
 // Diff is what changed between two checkpoints (or a checkpoint and now).
 type Diff struct {
-	ID      string       `json:"id"`
+	ID      string       `json:"sandbox"`
 	From    string       `json:"from"`
 	To      string       `json:"to"` // "" = now
 	Files   []FileChange `json:"files"`
@@ -101,7 +101,7 @@ type Diff struct {
 
 // Effect is an outbound request seen by the egress proxy.
 type Effect struct {
-	ID             string    `json:"id"`
+	ID             string    `json:"effect"`
 	Seq            uint64    `json:"seq"`
 	Checkpoint     string    `json:"checkpoint"`
 	Method         string    `json:"method"`
@@ -128,7 +128,7 @@ type StatePatchResult struct {
 
 // VerifyResult reports a consistency check; OK is false when Problems is not empty.
 type VerifyResult struct {
-	ID         string   `json:"id"`
+	ID         string   `json:"sandbox"`
 	Checkpoint string   `json:"checkpoint"`
 	OK         bool     `json:"ok"`
 	Problems   []string `json:"problems,omitempty"`

@@ -17,7 +17,7 @@ type RetryEffectsRequest struct {
 // RetryEffectsResult answers a retry: what was sent and how each ended. The request fails
 // (failed_precondition, naming them) if any effect failed again.
 type RetryEffectsResult struct {
-	ID              string   `json:"id"`
+	ID              string   `json:"sandbox"`
 	EffectsReleased int      `json:"effects_released"`
 	EffectsFailed   int      `json:"effects_failed"`
 	Effects         []Effect `json:"effects"`

@@ -46,7 +46,7 @@ type Isolation struct {
 
 // Sandbox is the public view of a leased sandbox.
 type Sandbox struct {
-	ID        string            `json:"id"`
+	ID        string            `json:"sandbox"`
 	Pool      string            `json:"pool"`
 	Container string            `json:"container"`
 	Image     string            `json:"image"`
@@ -107,8 +107,8 @@ type ExitStatus struct {
 	Error string `json:"error,omitempty"`
 	// Pid is the command's pid inside the sandbox (0 when it did not start).
 	Pid int `json:"pid,omitempty"`
-	// Duration is the wall time from start to exit, as seen by the init.
-	Duration time.Duration `json:"duration_ns,omitempty"`
+	// DurationMS is the wall time from start to exit in milliseconds, as seen by the init.
+	DurationMS float64 `json:"duration_ms,omitempty"`
 }
 
 // ScaleRequest is the body of POST /v1/pools/{name}/scale.
@@ -132,15 +132,15 @@ type Lease struct {
 // ExecRequest is the first line of the body of POST /v1/sandboxes/{id}/exec; when Stdin is
 // set, the rest of the body is the command's standard input.
 type ExecRequest struct {
-	Argv      []string      `json:"argv"`
-	Env       []string      `json:"env,omitempty"`
-	Workdir   string        `json:"workdir,omitempty"`
-	User      string        `json:"user,omitempty"`
-	Timeout   time.Duration `json:"timeout_ns,omitempty"`
-	OutputCap int64         `json:"output_cap,omitempty"`
-	Stdin     bool          `json:"stdin,omitempty"`
-	Tag       string        `json:"tag,omitempty"`
-	Via       string        `json:"via,omitempty"` // "" (init, containerd as fallback), init, containerd
+	Argv      []string `json:"argv"`
+	Env       []string `json:"env,omitempty"`
+	Workdir   string   `json:"workdir,omitempty"`
+	User      string   `json:"user,omitempty"`
+	TimeoutMS float64  `json:"timeout_ms,omitempty"` // kill the process group after this long (0: never)
+	OutputCap int64    `json:"output_cap,omitempty"`
+	Stdin     bool     `json:"stdin,omitempty"`
+	Tag       string   `json:"tag,omitempty"`
+	Via       string   `json:"via,omitempty"` // "" (init, containerd as fallback), init, containerd
 }
 
 // ExecEvent is one JSON line of the exec response stream: output as it comes, then exactly

@@ -78,7 +78,7 @@ class Client:
         if egress_policy:
             body["egress_policy"] = egress_policy
         info = self.transport.json("POST", f"/v1/pools/{quote(pool, safe='')}/lease", body)
-        return Sandbox(self.transport, info["id"], info)
+        return Sandbox(self.transport, info["sandbox"], info)
 
     # --- sandboxes
 
@@ -115,5 +115,5 @@ class Client:
             body["pool"] = pool
         final = stream(self.transport, "/v1/restore", body, on_progress)
         lease = final["leases"][0]
-        return Sandbox(self.transport, lease["id"], lease)
+        return Sandbox(self.transport, lease["sandbox"], lease)
 

@@ -118,7 +118,7 @@ class Sandbox:
             if v:
                 req[k] = v
         if timeout:
-            req["timeout_ns"] = int(timeout * 1e9)
+            req["timeout_ms"] = timeout * 1e3
         if stdin is not None:
             req["stdin"] = True
         head = json.dumps(req).encode() + b"\n"
@@ -324,7 +324,7 @@ class Sandbox:
         if keep_snapshot:
             body["keep_snapshot"] = True
         final = stream(self.transport, self.base + "/fork", body, on_progress)
-        return [Sandbox(self.transport, x["id"], x) for x in final.get("leases") or []]
+        return [Sandbox(self.transport, x["sandbox"], x) for x in final.get("leases") or []]
 
     # --- steps
 

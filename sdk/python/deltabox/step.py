@@ -37,7 +37,7 @@ class Attempt:
             self.step.done = True
             return False
         self.error = ev
-        self.rollback_result = sb.rollback(self.checkpoint["id"])
+        self.rollback_result = sb.rollback(self.checkpoint["checkpoint"])
         retryable = isinstance(ev, self.step.retry_on) and isinstance(ev, Exception)
         if self.last or not retryable:
             self.step.done = True

@@ -60,7 +60,7 @@ class Daemon(unittest.TestCase):
     def test_lease_context_manager_releases(self):
         with self.c.lease(POOL, env=["A=1"], labels={"job": "sdk"}) as sb:
             self.assertEqual(sb.info["pool"], POOL)
-            self.assertIn(sb.id, [s["id"] for s in self.c.sandboxes()])
+            self.assertIn(sb.id, [s["sandbox"] for s in self.c.sandboxes()])
             self.assertEqual(self.c.sandbox(sb.id).info["labels"], {"job": "sdk"})
             self.assertEqual(sb.exec("echo $A").text, "1\n")
         with self.assertRaises(deltabox.NotFound):
@@ -146,24 +146,24 @@ class Daemon(unittest.TestCase):
             self.assertEqual(sb.state(), {"plan": ["a", "b"]})
             self.assertEqual(sb.state("/plan/1"), "b")
             self.assertTrue(any(e["op"]["op"] == "append" for e in sb.state_log()))
-            d = sb.diff(ck["id"])
+            d = sb.diff(ck["checkpoint"])
             self.assertIn("/tmp/x", [f["path"] for f in d["files"]])
             self.assertEqual(len(d["state"]), 1)
-            self.assertIn(ck["id"], [c["id"] for c in sb.checkpoints()])
-            self.assertEqual(sb.checkpoint_info(ck["id"])["id"], ck["id"])
+            self.assertIn(ck["checkpoint"], [c["checkpoint"] for c in sb.checkpoints()])
+            self.assertEqual(sb.checkpoint_info(ck["checkpoint"])["checkpoint"], ck["checkpoint"])
             with self.assertRaises(deltabox.NotFound):
                 sb.checkpoint_info("no-such-checkpoint")
-            rb = sb.rollback(ck["id"])
-            self.assertEqual((rb["to"], rb["ops_undone"]), (ck["id"], 1))
+            rb = sb.rollback(ck["checkpoint"])
+            self.assertEqual((rb["to"], rb["ops_undone"]), (ck["checkpoint"], 1))
             self.assertEqual(sb.state(), {"plan": ["a"]})
             self.assertNotEqual(sb.exec("test -e /tmp/x").code, 0)
             latest = sb.checkpoint()
             v = sb.verify()
-            self.assertEqual((v["ok"], v["checkpoint"]), (True, latest["id"]), v)
+            self.assertEqual((v["ok"], v["checkpoint"]), (True, latest["checkpoint"]), v)
             cm2 = sb.commit()
             self.assertEqual(cm2["effects_released"], 0)
             with self.assertRaises(deltabox.FailedPrecondition):
-                sb.rollback(ck["id"])  # past the commit point
+                sb.rollback(ck["checkpoint"])  # past the commit point
 
     def test_step_fails_twice_then_succeeds(self):
         with self.c.lease(POOL, env=NO_PROXY) as sb:
@@ -188,7 +188,7 @@ class Daemon(unittest.TestCase):
             self.assertEqual(statuses, ["dropped", "dropped", "released"])
             released = sb.effects(status="released")
             self.assertEqual(len(released), 1)
-            self.assertEqual(sb.effect(released[0]["id"])["url"], UPSTREAM + "/step")
+            self.assertEqual(sb.effect(released[0]["effect"])["url"], UPSTREAM + "/step")
             self.assertEqual(sb.retry_effects()["effects_released"], 0)
             with self.assertRaises(deltabox.NotFound):
                 sb.abandon_effect("no-such-effect")
@@ -227,7 +227,7 @@ import json, deltabox
 me = deltabox.inside()
 me.patch_state({"op": "add", "path": "/from_inside", "value": 1})
 ck = me.checkpoint("inside")
-out = {"ckpt": ck["id"], "state": me.state()}
+out = {"ckpt": ck["checkpoint"], "state": me.state()}
 try:
     me.commit()
 except deltabox.NotFound as e:
@@ -247,7 +247,7 @@ print(json.dumps(out))
             self.assertEqual(out["state"], {"from_inside": 1})
             self.assertEqual((out.get("commit"), out.get("force")), ("not_found", "failed_precondition"))
             self.assertEqual(sb.state("/from_inside"), 1)
-            self.assertIn(out["ckpt"], [c["id"] for c in sb.checkpoints()])
+            self.assertIn(out["ckpt"], [c["checkpoint"] for c in sb.checkpoints()])
 
     def test_asyncio(self):
         from deltabox.aio import AsyncClient

@@ -78,7 +78,7 @@ export class Client {
     if (opts.labels && Object.keys(opts.labels).length) body.labels = { ...opts.labels };
     if (opts.egressPolicy) body.egress_policy = opts.egressPolicy;
     const info: api.Lease = await this.transport.json("POST", `/v1/pools/${enc(pool)}/lease`, body);
-    return new Sandbox(this.transport, info.id, info);
+    return new Sandbox(this.transport, info.sandbox, info);
   }
 
   /** Lease a sandbox, run `fn` with it, and release it whatever happens; fn's result. */
@@ -131,6 +131,6 @@ export class Client {
     if (opts.pool) body.pool = opts.pool;
     const final = await stream(this.transport, "/v1/restore", body, opts.onProgress);
     const lease = final.leases[0] as api.Lease;
-    return new Sandbox(this.transport, lease.id, lease);
+    return new Sandbox(this.transport, lease.sandbox, lease);
   }
 }

@@ -124,7 +124,7 @@ export class Sandbox {
       ["output_cap", opts.outputCap], ["tag", opts.tag], ["via", opts.via]] as const) {
       if (v !== undefined && v !== "" && !(Array.isArray(v) && v.length === 0)) req[k] = v;
     }
-    if (opts.timeoutMs) req.timeout_ns = Math.round(opts.timeoutMs * 1e6);
+    if (opts.timeoutMs) req.timeout_ms = opts.timeoutMs;
     if (opts.stdin !== undefined) req.stdin = true;
     const head = JSON.stringify(req) + "\n";
     let body: Body = head;
@@ -322,7 +322,7 @@ export class Sandbox {
     if (opts.to) body.to = opts.to;
     if (opts.keepSnapshot) body.keep_snapshot = true;
     const final = await stream(this.transport, this.base + "/fork", body, opts.onProgress);
-    return ((final.leases ?? []) as api.Lease[]).map((l) => new Sandbox(this.transport, l.id, l));
+    return ((final.leases ?? []) as api.Lease[]).map((l) => new Sandbox(this.transport, l.sandbox, l));
   }
 
   // --- steps

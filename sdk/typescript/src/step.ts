@@ -49,7 +49,7 @@ export async function runStep<T>(sb: Sandbox, fn: (attempt: number) => Promise<T
       result = await fn(n);
     } catch (err) {
       a.error = err;
-      a.rollback = await sb.rollback({ to: a.checkpoint.id });
+      a.rollback = await sb.rollback({ to: a.checkpoint.checkpoint });
       opts.onAttempt?.(a);
       const retryable = opts.retryOn ? opts.retryOn(err) : true;
       if (n > retries || !retryable) throw err;

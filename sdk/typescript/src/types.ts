@@ -53,7 +53,7 @@ export interface PoolInfo extends Template {
 }
 
 export interface Sandbox {
-  id: string;
+  sandbox: string;
   pool: string;
   container: string;
   image: string;
@@ -85,14 +85,14 @@ export interface ExitStatus {
   stderr_truncated?: boolean;
   error?: string;
   pid?: number;
-  duration_ns?: number;
+  duration_ms?: number;
 }
 
 /** The answer of a files upload. */
 export interface CopyResult { entries: number; bytes: number }
 
 export interface Checkpoint {
-  id: string;
+  checkpoint: string;
   sandbox: string;
   level: "l1" | "l2" | "l3";
   parent?: string;
@@ -109,7 +109,7 @@ export interface Checkpoint {
 }
 
 export interface RollbackResult {
-  id: string;
+  sandbox: string;
   to: string;
   files_restored: number;
   ops_undone: number;
@@ -121,7 +121,7 @@ export interface RollbackResult {
 }
 
 export interface CommitResult {
-  id: string;
+  sandbox: string;
   checkpoint?: string;
   effects_released: number;
   effects_failed: number;
@@ -132,7 +132,7 @@ export interface CommitResult {
 export interface FileChange { path: string; change: "added" | "modified" | "deleted"; kind: string; size: number }
 
 export interface Diff {
-  id: string;
+  sandbox: string;
   from: string;
   to: string;
   files: FileChange[] | null;
@@ -158,10 +158,10 @@ export interface StateLogEntry {
   time: string;
 }
 
-export interface Verify { id: string; checkpoint: string; ok: boolean; problems?: string[] }
+export interface Verify { sandbox: string; checkpoint: string; ok: boolean; problems?: string[] }
 
 export interface Effect {
-  id: string;
+  effect: string;
   seq: number;
   checkpoint: string;
   method: string;

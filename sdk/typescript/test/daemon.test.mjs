@@ -43,7 +43,7 @@ test("withLease releases", { skip }, async () => {
   await c.withLease(POOL, async (sb) => {
     id = sb.id;
     assert.equal(sb.info.pool, POOL);
-    assert.ok((await c.sandboxes()).some((s) => s.id === sb.id));
+    assert.ok((await c.sandboxes()).some((s) => s.sandbox === sb.id));
     assert.deepEqual((await c.sandbox(sb.id)).info.labels, { job: "sdk" });
     assert.equal((await sb.exec("echo $A")).text, "1\n");
   }, { env: ["A=1"], labels: { job: "sdk" } });
@@ -134,22 +134,22 @@ test("checkpoints, state, rollback, commit, diff", { skip }, async () => {
     assert.deepEqual(await sb.state(), { plan: ["a", "b"] });
     assert.equal(await sb.state("/plan/1"), "b");
     assert.ok((await sb.stateLog()).some((e) => e.op.op === "append"));
-    const d = await sb.diff({ from: ck.id });
+    const d = await sb.diff({ from: ck.checkpoint });
     assert.ok(d.files.some((f) => f.path === "/tmp/x"));
     assert.equal(d.state.length, 1);
-    assert.ok((await sb.checkpoints()).some((x) => x.id === ck.id));
-    assert.equal((await sb.checkpointInfo(ck.id)).id, ck.id);
+    assert.ok((await sb.checkpoints()).some((x) => x.checkpoint === ck.checkpoint));
+    assert.equal((await sb.checkpointInfo(ck.checkpoint)).checkpoint, ck.checkpoint);
     await assert.rejects(sb.checkpointInfo("no-such-checkpoint"), NotFoundError);
-    const rb = await sb.rollback({ to: ck.id });
-    assert.deepEqual([rb.to, rb.ops_undone], [ck.id, 1]);
+    const rb = await sb.rollback({ to: ck.checkpoint });
+    assert.deepEqual([rb.to, rb.ops_undone], [ck.checkpoint, 1]);
     assert.deepEqual(await sb.state(), { plan: ["a"] });
     assert.notEqual((await sb.exec("test -e /tmp/x")).code, 0);
     const latest = await sb.checkpoint();
     const v = await sb.verify();
-    assert.deepEqual([v.ok, v.checkpoint], [true, latest.id]);
+    assert.deepEqual([v.ok, v.checkpoint], [true, latest.checkpoint]);
     assert.equal((await sb.commit()).effects_released, 0);
-    await assert.rejects(sb.rollback({ to: ck.id }), FailedPreconditionError); // past the commit point
-    assert.ok((await sb.refresh()).id === sb.id);
+    await assert.rejects(sb.rollback({ to: ck.checkpoint }), FailedPreconditionError); // past the commit point
+    assert.ok((await sb.refresh()).sandbox === sb.id);
   });
 });
 
@@ -176,7 +176,7 @@ test("step fails twice then succeeds", { skip }, async () => {
     assert.deepEqual((await sb.effects()).map((e) => e.status).sort(), ["dropped", "dropped", "released"]);
     const released = await sb.effects({ status: "released" });
     assert.equal(released.length, 1);
-    assert.equal((await sb.effect(released[0].id)).url, UPSTREAM + "/step");
+    assert.equal((await sb.effect(released[0].effect)).url, UPSTREAM + "/step");
     assert.equal((await sb.retryEffects()).effects_released, 0);
     await assert.rejects(sb.abandonEffect("no-such-effect"), NotFoundError);
     // The last attempt failing throws its error, after its rollback.
