@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"io"
+	"time"
 
 	"github.com/deltabox/deltabox/internal/rootfs"
 	"github.com/deltabox/deltabox/orchestrator/api"
@@ -27,7 +28,7 @@ func (o *Orchestrator) Exec(ctx context.Context, id string, req api.ExecRequest,
 	}
 	st, err := o.pools.Exec(ctx, id, pool.ExecRequest{
 		Argv: req.Argv, Env: req.Env, Workdir: req.Workdir, User: req.User,
-		Timeout: req.Timeout, OutputCap: req.OutputCap, Tag: req.Tag, Via: req.Via,
+		Timeout: time.Duration(req.TimeoutMS * float64(time.Millisecond)), OutputCap: req.OutputCap, Tag: req.Tag, Via: req.Via,
 	}, stdin, stdout, stderr)
 	return apiExitStatus(st), err
 }

@@ -76,7 +76,7 @@ func TestWireConversionKeepsValues(t *testing.T) {
 }
 
 // wireRenames are the pool's JSON names the API spells differently: the pool's records keep
-// theirs on disk, the API follows DESIGN.md's vocabulary.
+// theirs on disk, the API follows docs/design.md's vocabulary.
 var wireRenames = map[string]string{"id": "sandbox", "duration_ns": "duration_ms"}
 
 // renamed is v's JSON form (as a generic value, key order aside) with wireRenames applied;

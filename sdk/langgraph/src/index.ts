@@ -285,7 +285,7 @@ export class DeltaBoxSaver extends BaseCheckpointSaver {
         { op: "replace", path: `${this.pointer}/head`, value: { thread, ns, id } },
       ]);
       const ck = await this.sandbox.checkpoint({ message: `langgraph ${k}` });
-      await this.sandbox.patchState({ op: "replace", path: `${base}/deltabox`, value: ck.id });
+      await this.sandbox.patchState({ op: "replace", path: `${base}/deltabox`, value: ck.checkpoint });
       return { configurable: { thread_id: thread, checkpoint_ns: ns, checkpoint_id: id } };
     });
   }
