@@ -124,3 +124,23 @@ func TestSandboxDefaults(t *testing.T) {
 		}
 	}
 }
+
+func TestE2BListenerRules(t *testing.T) {
+	if c, err := Parse([]byte("version = 1\n[e2b]\naddress = \"127.0.0.1:3000\"\napi_keys_file = \"/k\"\n"), "t.toml"); err != nil || c.E2B.DefaultTimeout.Duration != 5*time.Minute {
+		t.Errorf("loopback without TLS: %v %+v", err, c.E2B)
+	}
+	for _, bad := range []string{
+		"address = \"0.0.0.0:3000\"\napi_keys_file = \"/k\"",                           // not loopback, no TLS
+		"address = \"192.0.2.2:3000\"\napi_keys_file = \"/k\"",                         // idem
+		"address = \"127.0.0.1:3000\"",                                                 // no keys
+		"address = \"127.0.0.1:3000\"\napi_keys_file = \"/k\"\ntls_cert_file = \"/c\"", // cert without key
+		"address = \"127.0.0.1:3000\"\napi_keys_file = \"/k\"\ndefault_timeout = \"2h\"\nmax_timeout = \"1h\"",
+	} {
+		if _, err := Parse([]byte("version = 1\n[e2b]\n"+bad+"\n"), "t.toml"); err == nil {
+			t.Errorf("accepted [e2b] %q", bad)
+		}
+	}
+	if _, err := Parse([]byte("version = 1\n[e2b]\naddress = \"0.0.0.0:3000\"\napi_keys_file = \"/k\"\ntls_cert_file = \"/c\"\ntls_key_file = \"/k\"\n"), "t.toml"); err != nil {
+		t.Errorf("TLS on a public address: %v", err)
+	}
+}

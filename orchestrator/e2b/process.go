@@ -115,21 +115,21 @@ func (g *Gateway) startProcess(ctx context.Context, sb *sandbox, req *startReque
 			return fmt.Errorf("checkpoint before the command: %w", err)
 		}
 	}
-	p, err := sb.spawn(ctx, req)
+	p, sub, err := sb.spawn(ctx, req)
 	if err != nil {
 		return err
 	}
-	return follow(ctx, p, p.subscribe(), s, ka)
+	return follow(ctx, p, sub, s, ka)
 }
 
-// spawn starts the command of req and returns its process; its events go to subscribers.
-// The subscriber of the starting stream is registered before the command runs.
-func (sb *sandbox) spawn(ctx context.Context, req *startRequest) (*process, error) {
+// spawn starts the command of req and returns its process and the starting stream's
+// subscriber, registered before the command runs so that no output is missed.
+func (sb *sandbox) spawn(ctx context.Context, req *startRequest) (*process, *subscriber, error) {
 	argv := sb.argv(ctx, req.Process)
 	sb.mu.Lock()
 	if sb.gone {
 		sb.mu.Unlock()
-		return nil, fmt.Errorf("sandbox %q is gone: %w", sb.id, errdefs.ErrNotFound)
+		return nil, nil, fmt.Errorf("sandbox %q is gone: %w", sb.id, errdefs.ErrNotFound)
 	}
 	sb.nextPid++
 	p := &process{pid: sb.nextPid, cfg: req.Process, subs: map[*subscriber]bool{}, done: make(chan struct{})}
@@ -149,8 +149,9 @@ func (sb *sandbox) spawn(ctx context.Context, req *startRequest) (*process, erro
 		er.Workdir = *req.Process.Cwd
 	}
 	er.User = basicUser(ctx)
+	sub := p.subscribe()
 	go sb.run(p, er, stdin)
-	return p, nil
+	return p, sub, nil
 }
 
 // run executes the command and publishes its end.
