@@ -30,6 +30,7 @@ run -bench 'L3SnapshotRestore' -benchtime 10x ./integration/
 run -bench 'Density' -benchtime 50x -timeout 30m ./integration/
 run -bench 'BenchmarkPipeline' -benchtime 1x -timeout 30m ./integration/
 run -bench 'PythonSDKOverhead' -benchtime 400x ./integration/
+run -bench 'E2BSDK' -benchtime 40x ./integration/
 
 step packages "package-level benchmarks"
 run -bench . -benchtime 2000x ./pool/initproto/
@@ -72,6 +73,7 @@ not in tests).
 | upload/download to local versitygw >= 200 MB/s (6) | MB/s | objectstore/s3 Put, Get |
 | 200 tasks x 5 steps, 20% failing once, 16 in parallel; per-step overhead vs no checkpoints (7) | run-s, no-checkpoints-s, slowdown-x, overhead-per-step-ms, effects-* | integration Pipeline |
 | state patch and exec true through the Python SDK <= 1 ms over the Go client (16) | patch-py-over-go-ms, exec-py-over-go-ms | integration PythonSDKOverhead |
+| e2b SDK \`Sandbox.create()\` p50 <= 20 ms and \`commands.run('true')\` p50 <= 10 ms, against the DeltaBox TypeScript SDK's lease and exec in the same Node process (17) | e2b-create-p50-ms vs sdk-lease-p50-ms, e2b-run-p50-ms vs sdk-exec-p50-ms | integration E2BSDK |
 
 MD
 go run ./hack/benchreport -header "${HEADER}" <"${RAW}" >"${OUT}"

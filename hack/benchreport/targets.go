@@ -28,6 +28,8 @@ var targets = []target{
 	{"rollback >= 20x faster than ctr checkpoint + restore", "CheckpointRollback", "ctr/rollback-x", 20, true},
 	{"state patch through the Python SDK <= 1 ms over the Go client", "PythonSDKOverhead", "patch-py-over-go-ms", 1, false},
 	{"exec true through the Python SDK <= 1 ms over the Go client", "PythonSDKOverhead", "exec-py-over-go-ms", 1, false},
+	{"e2b SDK Sandbox.create() p50 <= 20 ms (warm pool)", "E2BSDK", "e2b-create-p50-ms", 20, false},
+	{"e2b SDK commands.run('true') p50 <= 10 ms", "E2BSDK", "e2b-run-p50-ms", 10, false},
 }
 
 // verdict says whether results meet t: "met", "MISSED" or "not measured".

@@ -1,7 +1,6 @@
 package e2b
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -272,4 +271,3 @@ func (sb *sandbox) running() error {
 	return nil
 }
 
-var _ = context.Background
