@@ -270,4 +270,3 @@ func (sb *sandbox) running() error {
 	}
 	return nil
 }
-
