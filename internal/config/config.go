@@ -144,6 +144,7 @@ type Network struct {
 // Checkpoints configures step checkpoints.
 type Checkpoints struct {
 	Retain       int  `toml:"retain"`
+	RetainBranch int  `toml:"retain_branch"` // per path from the first checkpoint to a tip (0: retain)
 	L2Every      int  `toml:"l2_every"`
 	TrackChanges bool `toml:"track_changes"`
 }
@@ -269,6 +270,9 @@ func (c Config) validate(name string) error {
 	if c.Version != CurrentVersion {
 		return fmt.Errorf("config %s: version = %d is not supported (want version = %d): %w",
 			name, c.Version, CurrentVersion, errdefs.ErrInvalidArgument)
+	}
+	if c.Checkpoints.RetainBranch < 0 {
+		return fmt.Errorf("config %s: checkpoints.retain_branch = %d: want 0 (as retain) or more: %w", name, c.Checkpoints.RetainBranch, errdefs.ErrInvalidArgument)
 	}
 	if c.Checkpoints.Retain < 2 {
 		return fmt.Errorf("config %s: checkpoints.retain = %d: keep at least 2: %w", name, c.Checkpoints.Retain, errdefs.ErrInvalidArgument)
