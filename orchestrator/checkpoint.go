@@ -10,6 +10,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/criu/proctpl"
 	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/api"
@@ -62,6 +63,10 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	if err := validateName(req.Name); err != nil {
 		return api.Checkpoint{}, err
 	}
+	withProcs, err := o.wantsProcesses(s, req)
+	if err != nil {
+		return api.Checkpoint{}, err
+	}
 	start := time.Now()
 	rec := ckptRecord{Checkpoint: api.Checkpoint{ID: strconv.Itoa(s.meta.Next), Sandbox: s.id,
 		Level: req.Level, Message: req.Message, Name: req.Name, Created: start.UTC()}, TreeOps: true}
@@ -71,14 +76,33 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	if l := s.latest(); l != nil {
 		rec.Parent = l.ID
 	}
+	var tpls map[int]*proctpl.Template
 	cut := o.cut
-	if rec.Level == api.LevelL3 {
+	switch {
+	case rec.Level == api.LevelL3:
 		cut = o.cutL3
+	case withProcs:
+		cut = o.cutWithProcesses(&tpls)
 	}
 	frozen, pending, err := cut(ctx, s, level, &rec)
 	if err != nil {
 		return api.Checkpoint{}, err
 	}
+	keepTemplates := func() {
+		if len(tpls) > 0 {
+			if s.tpls == nil {
+				s.tpls = map[string]map[int]*proctpl.Template{}
+			}
+			s.tpls[rec.ID] = tpls
+		}
+	}
+	defer func() { // a checkpoint that failed does not keep them
+		if s.tpls[rec.ID] == nil {
+			for _, tp := range tpls {
+				tp.Release()
+			}
+		}
+	}()
 	if rec.Parent != "" { // the state ops since the parent, for moves across the tree
 		if rec.StateOps, err = s.state.Log(s.headSeq, rec.StateSeq); err != nil {
 			pending.Abort()
@@ -105,6 +129,7 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	}
 	s.ckpts = append(s.ckpts, rec)
 	s.head, s.headSeq = rec.ID, rec.StateSeq
+	keepTemplates()
 	s.meta.Next++
 	if req.Pin {
 		o.pin(ctx, s, rec.ID, true)
@@ -118,7 +143,7 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	log.L(ctx).Info("checkpoint created", "sandbox", s.id, "checkpoint", rec.ID, "level", rec.Level,
 		"files", rec.FilesChanged, "bytes", rec.Bytes, "frozen_ms", rec.FrozenMS, "total_ms", rec.TotalMS)
 	o.retain(ctx, s)
-	return rec.Checkpoint, nil
+	return s.view(rec), nil
 }
 
 // l1Chain counts the L1 checkpoints from the head up to the last full (L2/L3) one, the

@@ -44,6 +44,10 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 	if !o.criu.Available {
 		return 0, nil, fmt.Errorf("L3 checkpoints are unavailable on this node: %s: %w", o.criu.Reason, errdefs.ErrFailedPrecondition)
 	}
+	if ids := s.templateCheckpoints(); len(ids) > 0 {
+		return 0, nil, fmt.Errorf("sandbox %q has process templates (checkpoints %v), which CRIU cannot dump (they are traced by the daemon): %w",
+			s.id, ids, errdefs.ErrFailedPrecondition)
+	}
 	dir := filepath.Join(s.dir, "l3", rec.ID)
 	if err := os.RemoveAll(dir); err != nil {
 		return 0, nil, err

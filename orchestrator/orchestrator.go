@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/deltabox/deltabox/criu"
+	"github.com/deltabox/deltabox/criu/proctpl"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/snapsign"
 	"github.com/deltabox/deltabox/pool"
@@ -120,6 +121,9 @@ type Orchestrator struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session // by sandbox (lease) ID
+
+	tracerOnce sync.Once
+	ptrace     *proctpl.Tracer // the ptrace thread of every process template (processes.go)
 }
 
 // New connects to containerd (failing within ConnectTimeout, naming the address), prepares

@@ -27,6 +27,9 @@ type ckptRecord struct {
 	// says they were recorded (checkpoints of earlier versions lack them).
 	StateOps []state.Entry `json:"state_ops,omitempty"`
 	TreeOps  bool          `json:"tree_ops,omitempty"`
+	// ProcCkpt is how a checkpoint taken with processes keeps them (processes.go). Named
+	// "proc_checkpoint" in JSON: "processes" is the API summary of the embedded Checkpoint.
+	ProcCkpt *procCheckpoint `json:"proc_checkpoint,omitempty"`
 }
 
 // headRecord is kept with a rollback in the layer store (RollbackRequest.Meta): the state

@@ -129,9 +129,11 @@ func mergeRecords(parentMeta, childMeta []byte) ([]byte, error) {
 }
 
 // dropCheckpointResources frees what a checkpoint holds besides its files and record: its
-// CRIU images (L3). Every path that removes a checkpoint calls it.
-func (o *Orchestrator) dropCheckpointResources(_ context.Context, _ *session, rec ckptRecord) {
+// CRIU images (L3) and its process templates (processes.go). Every path that removes a
+// checkpoint calls it.
+func (o *Orchestrator) dropCheckpointResources(_ context.Context, s *session, rec ckptRecord) {
 	removeImages(rec)
+	s.releaseTemplates(rec.ID)
 }
 
 // compactPoint is the state seq retention may compact to: the head's, or an older point of

@@ -134,7 +134,10 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 	if err := o.thaw(ctx, s); err != nil {
 		return 0, err
 	}
-	return time.Since(frozenAt), nil
+	// With processes, the window ends when the copies run: until then the sandbox's own
+	// processes are gone.
+	err = o.restoreProcessCheckpoint(ctx, s, target, res)
+	return time.Since(frozenAt), err
 }
 
 // applyRollback does the steps of a recorded rollback: the processes started since the
@@ -151,6 +154,7 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	if err != nil {
 		return err
 	}
+	procs = s.withoutTemplates(procs) // they belong to checkpoints, not to the sandbox's run
 	merged, closeRoot, err := s.merged()
 	if err != nil {
 		return err
@@ -201,7 +205,9 @@ var errNothingChanged = errors.New("nothing was changed")
 // they may never be committed). The sandbox is frozen.
 func (o *Orchestrator) stopNewer(ctx context.Context, s *session, in rollbackIntent, target ckptRecord, procs []pool.Proc, res *api.RollbackResult) error {
 	var err error
-	if res.ProcessesStopped, err = killNewer(s.frz, procs, target.Procs, int(s.sb.InitPid)); err != nil {
+	if target.ProcCkpt != nil { // every process goes: copies of the templates replace them
+		res.ProcessesStopped = killAllButInit(s.frz, procs, int(s.sb.InitPid))
+	} else if res.ProcessesStopped, err = killNewer(s.frz, procs, target.Procs, int(s.sb.InitPid)); err != nil {
 		return err
 	}
 	if res.EffectsDropped, err = o.dropEffects(ctx, s, in.Watermark); err != nil {

@@ -169,6 +169,7 @@ func (o *Orchestrator) Release(ctx context.Context, id string) error {
 	if sb, err := o.pools.Get(id); err == nil {
 		o.unregisterEgress(sb)
 	}
+	o.releaseAllTemplates(id) // before the pool kills the sandbox's processes: it waits for them
 	if err := o.pools.Release(ctx, id); err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/criu/proctpl"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/orchestrator/state"
@@ -44,6 +45,11 @@ type session struct {
 	intents   *intentLog
 	pending   *rollbackIntent          // a rollback that failed after it began; finished before anything else
 	openRoot  func() (*os.File, error) // the sandbox's root (default sb.OpenRoot; fakes in tests)
+	// tpls are the process templates of checkpoints taken with processes, by checkpoint ID
+	// and the host pid of the process they copy (processes.go). They live as long as the
+	// daemon at most.
+	tpls          map[string]map[int]*proctpl.Template
+	poolProcesses bool // the pool's checkpoint_processes default
 
 	ready     chan struct{} // closed once open finished
 	openErr   error
@@ -294,6 +300,9 @@ func (o *Orchestrator) endSession(ctx context.Context, id string) {
 		return
 	}
 	<-s.ready
+	s.mu.Lock()
+	s.releaseTemplates("")
+	s.mu.Unlock()
 	if err := s.close(); err != nil {
 		log.L(ctx).Warn("close session", "sandbox", id, "error", err)
 	}

@@ -187,5 +187,6 @@ func (s *session) view(c ckptRecord) api.Checkpoint {
 	v.Committed = s.committed(c.ID)
 	v.Pinned = s.pinned(c.ID)
 	v.Head = c.ID == s.head
+	v.Processes, v.TemplateBytes = s.processView(c)
 	return v
 }

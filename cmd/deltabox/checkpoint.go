@@ -21,6 +21,7 @@ func checkpointCommand() *cli.Command {
 				&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "a note kept with the checkpoint"},
 				&cli.StringFlag{Name: "name", Usage: "a name to refer to it by (docs/time-travel.md)"},
 				&cli.BoolFlag{Name: "pin", Usage: "retention never drops it"},
+				&cli.BoolFlag{Name: "processes", Usage: "keep the sandbox's processes too (l1/l2): a stopped copy-on-write template of each, from which a rollback starts fresh copies (default: the pool's checkpoint_processes)"},
 			},
 			Action: checkpointCreate,
 		}, {
@@ -36,14 +37,20 @@ func checkpointCreate(c *cli.Context) error {
 	if err := exactArgs(c, 1, "ID"); err != nil {
 		return err
 	}
-	ck, err := newClient(c).Checkpoint(c.Context, c.Args().First(), api.CheckpointRequest{Level: c.String("level"), Message: c.String("message"),
-		Name: c.String("name"), Pin: c.Bool("pin")})
+	req := api.CheckpointRequest{Level: c.String("level"), Message: c.String("message"),
+		Name: c.String("name"), Pin: c.Bool("pin")}
+	if c.IsSet("processes") {
+		v := c.Bool("processes")
+		req.Processes = &v
+	}
+	ck, err := newClient(c).Checkpoint(c.Context, c.Args().First(), req)
 	if err != nil {
 		return err
 	}
 	return printResult(c, ck, func(w io.Writer) {
 		fmt.Fprintf(w, "checkpoint %s (%s): %d files, %d bytes, frozen %.2f ms, total %.2f ms\n",
 			ck.ID, ck.Level, ck.FilesChanged, ck.Bytes, ck.FrozenMS, ck.TotalMS)
+		printProcesses(w, ck)
 	})
 }
 
@@ -61,10 +68,10 @@ func checkpointList(c *cli.Context) error {
 	return printResult(c, cks, func(w io.Writer) {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		defer tw.Flush()
-		fmt.Fprintln(tw, "ID\tLEVEL\tPARENT\tFILES\tBYTES\tSTATE_SEQ\tCOMMITTED\tCREATED\tMESSAGE")
+		fmt.Fprintln(tw, "ID\tLEVEL\tPARENT\tFILES\tBYTES\tSTATE_SEQ\tPROCS\tTEMPLATE_BYTES\tCOMMITTED\tCREATED\tMESSAGE")
 		for _, k := range cks {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%t\t%s\t%s\n", k.ID, k.Level, k.Parent, k.FilesChanged,
-				k.Bytes, k.StateSeq, k.Committed, k.Created.Format("15:04:05.000"), k.Message)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%t\t%s\t%s\n", k.ID, k.Level, k.Parent, k.FilesChanged,
+				k.Bytes, k.StateSeq, procSummary(k), k.TemplateBytes, k.Committed, k.Created.Format("15:04:05.000"), k.Message)
 		}
 	})
 }
@@ -80,6 +87,10 @@ func checkpointInspect(c *cli.Context) error {
 	return printResult(c, ck, func(w io.Writer) {
 		fmt.Fprintf(w, "ID:\t%s\nLevel:\t%s\nParent:\t%s\nMessage:\t%s\nCreated:\t%s\nFiles changed:\t%d\nBytes:\t%d\nState seq:\t%d\nEffects watermark:\t%d\nCommitted:\t%t\n",
 			ck.ID, ck.Level, ck.Parent, ck.Message, ck.Created, ck.FilesChanged, ck.Bytes, ck.StateSeq, ck.EffectsWatermark, ck.Committed)
+		if ck.Processes != nil {
+			fmt.Fprintf(w, "Template bytes:\t%d\n", ck.TemplateBytes)
+		}
+		printProcesses(w, ck)
 	})
 }
 
@@ -99,8 +110,11 @@ func rollbackCommand() *cli.Command {
 				return err
 			}
 			return printResult(c, res, func(w io.Writer) {
-				fmt.Fprintf(w, "rolled back to %s: %d files restored, %d state ops undone, %d effects dropped, %d processes stopped, frozen %.2f ms, total %.2f ms\n",
-					res.To, res.FilesRestored, res.OpsUndone, res.EffectsDropped, res.ProcessesStopped, res.FrozenMS, res.TotalMS)
+				fmt.Fprintf(w, "rolled back to %s: %d files restored, %d state ops undone, %d effects dropped, %d processes stopped, %d restored, frozen %.2f ms, total %.2f ms\n",
+					res.To, res.FilesRestored, res.OpsUndone, res.EffectsDropped, res.ProcessesStopped, res.ProcessesRestored, res.FrozenMS, res.TotalMS)
+				for _, p := range res.ProcessesLost {
+					fmt.Fprintf(w, "not restored: pid %d (%s): %s\n", p.Pid, p.Comm, p.Reason)
+				}
 			})
 		},
 	}
@@ -190,5 +204,31 @@ func verifyCommand() *cli.Command {
 			}
 			return nil
 		},
+	}
+}
+
+// procSummary is a checkpoint's processes in one word: "-" (files only) or "T/N"
+// (templated of kept-or-not).
+func procSummary(k api.Checkpoint) string {
+	if k.Processes == nil {
+		return "-"
+	}
+	n := 0
+	for _, p := range k.Processes {
+		if p.Kept == api.KeptTemplate {
+			n++
+		}
+	}
+	return fmt.Sprintf("%d/%d", n, len(k.Processes))
+}
+
+// printProcesses lists how a checkpoint keeps each process.
+func printProcesses(w io.Writer, ck api.Checkpoint) {
+	for _, p := range ck.Processes {
+		fmt.Fprintf(w, "process %d (%s): %s", p.Pid, p.Comm, p.Kept)
+		if p.Reason != "" {
+			fmt.Fprintf(w, " (%s)", p.Reason)
+		}
+		fmt.Fprintln(w)
 	}
 }

@@ -21,7 +21,26 @@ type CheckpointRequest struct {
 	// reference to a name several checkpoints carry is refused as ambiguous.
 	Name string `json:"name,omitempty"`
 	Pin  bool   `json:"pin,omitempty"` // retention never drops it
+	// Processes keeps the sandbox's processes too (l1/l2): a stopped copy-on-write template
+	// of each, from which a rollback starts fresh copies. Default: the pool's
+	// checkpoint_processes.
+	Processes *bool `json:"processes,omitempty"`
 }
+
+// CheckpointProcess says how a checkpoint keeps one process of the sandbox.
+type CheckpointProcess struct {
+	Pid    int    `json:"pid"`  // in the sandbox's pid namespace, at the checkpoint
+	Comm   string `json:"comm"` // its command name
+	Kept   string `json:"kept"` // "template", "criu" or "none"
+	Reason string `json:"reason,omitempty"`
+}
+
+// How a checkpoint keeps a process (CheckpointProcess.Kept).
+const (
+	KeptTemplate = "template" // a stopped copy-on-write fork; rollback forks a fresh copy
+	KeptCRIU     = "criu"     // a CRIU dump; rollback restores it
+	KeptNone     = "none"     // not kept (Reason says why); rollback cannot bring it back
+)
 
 // Checkpoint describes one checkpoint of a sandbox.
 type Checkpoint struct {
@@ -41,6 +60,11 @@ type Checkpoint struct {
 	Name             string    `json:"name,omitempty"`
 	Pinned           bool      `json:"pinned,omitempty"`
 	Head             bool      `json:"head,omitempty"` // the sandbox is at this checkpoint or after it (reference @)
+	// Processes lists the processes a checkpoint taken with processes keeps, and how
+	// (absent for checkpoints of files only); TemplateBytes is the memory their templates
+	// hold alone now (pages changed since by the sandbox).
+	Processes     []CheckpointProcess `json:"processes,omitempty"`
+	TemplateBytes int64               `json:"template_bytes,omitempty"`
 }
 
 // RollbackRequest is the body of POST /v1/sandboxes/{id}/rollback.
@@ -53,15 +77,19 @@ type RollbackRequest struct {
 
 // RollbackResult reports what a rollback undid.
 type RollbackResult struct {
-	ID               string  `json:"sandbox"`
-	To               string  `json:"to"`
-	From             string  `json:"from,omitempty"` // the head before the rollback
-	FilesRestored    int     `json:"files_restored"`
-	OpsUndone        int     `json:"ops_undone"`
-	EffectsDropped   int     `json:"effects_dropped"`
-	ProcessesStopped int     `json:"processes_stopped"`
-	FrozenMS         float64 `json:"frozen_ms"`
-	TotalMS          float64 `json:"total_ms"`
+	ID               string `json:"sandbox"`
+	To               string `json:"to"`
+	From             string `json:"from,omitempty"` // the head before the rollback
+	FilesRestored    int    `json:"files_restored"`
+	OpsUndone        int    `json:"ops_undone"`
+	EffectsDropped   int    `json:"effects_dropped"`
+	ProcessesStopped int    `json:"processes_stopped"`
+	// ProcessesRestored counts the processes started again from the target's templates;
+	// ProcessesLost lists those the target kept but this rollback could not bring back.
+	ProcessesRestored int                 `json:"processes_restored"`
+	ProcessesLost     []CheckpointProcess `json:"processes_lost,omitempty"`
+	FrozenMS          float64             `json:"frozen_ms"`
+	TotalMS           float64             `json:"total_ms"`
 }
 
 // CommitResult reports a commit.

@@ -1,0 +1,169 @@
+package proctpl
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// Restart codes a system call interrupted by a stop leaves in ax (include/linux/errno.h).
+const (
+	errRestartSys      = -512
+	errRestartNoIntr   = -513
+	errRestartNoHand   = -514
+	errRestartBlock    = -516
+	sysRestartSyscall  = 219 // restart_syscall on x86-64
+	userCS64           = 0x33
+	cloneParent        = unix.CLONE_PARENT | uintptr(unix.SIGCHLD)
+	injectMaxSignalled = 64 // signal-delivery stops tolerated during one injection
+)
+
+// normalize rewinds a system call interrupted with a restart code so that resuming from regs
+// re-enters it (CRIU's compel does the same), and clears orig_ax so that the kernel's own
+// restart logic does not rewind it a second time.
+func normalize(r unix.PtraceRegs) unix.PtraceRegs {
+	if int64(r.Orig_rax) >= 0 {
+		switch int64(r.Rax) {
+		case errRestartSys, errRestartNoIntr, errRestartNoHand:
+			r.Rax = r.Orig_rax
+			r.Rip -= 2
+		case errRestartBlock:
+			r.Rax = sysRestartSyscall
+			r.Rip -= 2
+		}
+	}
+	r.Orig_rax = ^uint64(0)
+	return r
+}
+
+// task is a traced process in a ptrace stop, with its registers as saved at the stop.
+type task struct {
+	pid     int
+	regs    unix.PtraceRegs // normalized
+	sysAddr uint64          // address of a syscall instruction in its vDSO
+	pending []unix.Signal   // signals taken at signal-delivery stops, to pass on at resume
+	// dropSignals: signals that arrive while the tracer runs calls in it are discarded (a
+	// template's: whatever the sandbox sends a template must never reach its copies).
+	dropSignals bool
+}
+
+// inject runs one system call in the stopped task t and returns its result and, when the
+// call forked, the pid of the child (auto-attached, not yet waited for). t's registers are
+// restored afterwards. Runs on the tracer thread.
+func (t *task) inject(nr uint64, args ...uint64) (ret int64, child int, err error) {
+	r := t.regs
+	r.Rip, r.Rax, r.Orig_rax = t.sysAddr, nr, ^uint64(0)
+	a := [6]uint64{}
+	copy(a[:], args)
+	r.Rdi, r.Rsi, r.Rdx, r.R10, r.R8, r.R9 = a[0], a[1], a[2], a[3], a[4], a[5]
+	if err := unix.PtraceSetRegs(t.pid, &r); err != nil {
+		return 0, 0, fmt.Errorf("set registers of %d: %w", t.pid, err)
+	}
+	entered := false
+	for i := 0; ; i++ {
+		if err := unix.PtraceSyscall(t.pid, 0); err != nil {
+			return 0, child, fmt.Errorf("resume %d into an injected syscall: %w", t.pid, err)
+		}
+		st, err := waitStop(t.pid)
+		if err != nil {
+			return 0, child, err
+		}
+		switch {
+		case st.event == unix.PTRACE_EVENT_FORK || st.event == unix.PTRACE_EVENT_CLONE:
+			msg, err := unix.PtraceGetEventMsg(t.pid)
+			if err != nil {
+				return 0, child, err
+			}
+			child = int(msg)
+		case st.syscall() && !entered:
+			entered = true
+		case st.syscall():
+			if err := unix.PtraceGetRegs(t.pid, &r); err != nil {
+				return 0, child, err
+			}
+			return int64(r.Rax), child, t.restore()
+		case st.signal() && i < injectMaxSignalled:
+			if !t.dropSignals {
+				t.pending = append(t.pending, st.sig)
+			}
+		case st.event == unix.PTRACE_EVENT_STOP:
+			// a group stop or another interrupt: keep going
+		default:
+			return 0, child, fmt.Errorf("unexpected stop of %d during an injected syscall (signal %v, event %d)", t.pid, st.sig, st.event)
+		}
+	}
+}
+
+// restore puts t's saved registers back.
+func (t *task) restore() error {
+	r := t.regs
+	if err := unix.PtraceSetRegs(t.pid, &r); err != nil {
+		return fmt.Errorf("restore registers of %d: %w", t.pid, err)
+	}
+	return nil
+}
+
+// syscallInVDSO finds a syscall instruction (0f 05) in pid's vDSO.
+func syscallInVDSO(pid int) (uint64, error) {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		if !strings.HasSuffix(line, "[vdso]") {
+			continue
+		}
+		lo, hi, ok := strings.Cut(strings.Fields(line)[0], "-")
+		if !ok {
+			break
+		}
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil || end <= start || end-start > 1<<20 {
+			break
+		}
+		buf, err := readMem(pid, start, int(end-start))
+		if err != nil {
+			return 0, fmt.Errorf("read the vDSO of %d: %w", pid, err)
+		}
+		if i := bytes.Index(buf, []byte{0x0f, 0x05}); i >= 0 {
+			return start + uint64(i), nil
+		}
+		break
+	}
+	return 0, fmt.Errorf("process %d: no syscall instruction in its vDSO: %w", pid, errdefs.ErrNotImplemented)
+}
+
+// threads reads the thread count of pid.
+func threads(pid int) (int, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, errors.New("no Threads line in /proc/PID/status")
+}
+
+// readMem reads n bytes at addr of a process the tracer has stopped.
+func readMem(pid int, addr uint64, n int) ([]byte, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, int64(addr)); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}

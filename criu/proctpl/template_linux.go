@@ -1,0 +1,222 @@
+package proctpl
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// Proc is a process seized for a checkpoint: stopped by the tracer until Resume.
+type Proc struct {
+	t       *Tracer
+	task    task
+	pidfd   int
+	offsets map[int]int64 // fd -> offset of the regular files it has open
+	stopped bool
+}
+
+// Pid is the process's host pid.
+func (p *Proc) Pid() int { return p.task.pid }
+
+// Seize attaches to pid and asks it to stop (PTRACE_INTERRUPT) without waiting: it works
+// on a process frozen by the cgroup freezer, which stops for the tracer as soon as it is
+// thawed, before it runs another instruction of its own. check is called between taking a
+// pidfd and seizing (e.g. "is pid a member of the sandbox's cgroup"); a pid reused after
+// the check is detected through the pidfd and released. A multi-threaded process is refused
+// with ErrMultiThreaded before anything is done to it.
+func (t *Tracer) Seize(pid int, check func(pid int) error) (*Proc, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("process %d: %w (%w)", pid, err, errdefs.ErrNotFound)
+	}
+	p := &Proc{t: t, task: task{pid: pid}, pidfd: fd}
+	if err := p.seize(check); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *Proc) seize(check func(pid int) error) error {
+	pid := p.task.pid
+	if err := check(pid); err != nil {
+		return err
+	}
+	if n, err := threads(pid); err != nil {
+		return fmt.Errorf("process %d: %w", pid, err)
+	} else if n != 1 {
+		return fmt.Errorf("process %d has %d threads: %w", pid, n, ErrMultiThreaded)
+	}
+	return p.t.do(func() error {
+		if err := ptraceSeize(pid); err != nil {
+			return fmt.Errorf("seize process %d: %w", pid, err)
+		}
+		if unix.PidfdSendSignal(p.pidfd, 0, nil, 0) != nil { // gone: pid may be another's now
+			_ = ptraceDetach(pid, 0)
+			return fmt.Errorf("process %d exited: %w", pid, errdefs.ErrNotFound)
+		}
+		if err := unix.PtraceInterrupt(pid); err != nil {
+			_ = ptraceDetach(pid, 0)
+			return fmt.Errorf("interrupt process %d: %w", pid, err)
+		}
+		return nil
+	})
+}
+
+// Wait waits until the seized process stopped for the tracer and saves its registers, the
+// address of a syscall instruction and its files' offsets.
+func (p *Proc) Wait() error {
+	if p.stopped {
+		return nil
+	}
+	pid := p.task.pid
+	err := p.t.do(func() error {
+		for {
+			st, err := waitStop(pid)
+			if err != nil {
+				return err
+			}
+			if st.event == unix.PTRACE_EVENT_STOP {
+				break
+			}
+			if st.signal() {
+				p.task.pending = append(p.task.pending, st.sig)
+			}
+			if err := unix.PtraceInterrupt(pid); err != nil {
+				return err
+			}
+			if err := unix.PtraceCont(pid, 0); err != nil {
+				return err
+			}
+		}
+		var r unix.PtraceRegs
+		if err := unix.PtraceGetRegs(pid, &r); err != nil {
+			return fmt.Errorf("registers of %d: %w", pid, err)
+		}
+		if r.Cs != userCS64 {
+			return fmt.Errorf("process %d is not a 64-bit process: %w", pid, errdefs.ErrNotImplemented)
+		}
+		p.task.regs = normalize(r)
+		p.stopped = true
+		var err error
+		p.task.sysAddr, err = syscallInVDSO(pid)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	p.offsets = fileOffsets(pid)
+	return nil
+}
+
+// Resume restores the process's registers and lets it run (detached), passing on a signal
+// it received while stopped.
+func (p *Proc) Resume() error {
+	defer unix.Close(p.pidfd)
+	return p.t.do(func() error {
+		if p.stopped {
+			if err := p.task.restore(); err != nil {
+				_ = ptraceDetach(p.task.pid, 0)
+				return err
+			}
+		}
+		sig := 0
+		if len(p.task.pending) > 0 {
+			sig = int(p.task.pending[0])
+		}
+		if err := ptraceDetach(p.task.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("resume process %d: %w", p.task.pid, err)
+		}
+		return nil
+	})
+}
+
+// Template forks the stopped process into a template (see the package comment).
+func (p *Proc) Template() (*Template, error) {
+	if !p.stopped {
+		return nil, fmt.Errorf("process %d is not stopped: %w", p.task.pid, errdefs.ErrFailedPrecondition)
+	}
+	tp := &Template{t: p.t, Origin: p.task.pid, offsets: p.offsets, pidfd: -1}
+	err := p.t.do(func() error {
+		c, err := p.task.fork()
+		if err != nil {
+			return err
+		}
+		tp.task = task{pid: c, regs: p.task.regs, sysAddr: p.task.sysAddr, dropSignals: true,
+			pending: slices.Clone(p.task.pending)}
+		if tp.pidfd, err = unix.PidfdOpen(c, 0); err != nil {
+			_ = unix.Kill(c, unix.SIGKILL)
+			return err
+		}
+		if err := tp.task.restore(); err != nil {
+			tp.kill()
+			return err
+		}
+		if err := tp.hide(); err != nil {
+			tp.kill()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("template of process %d: %w", p.task.pid, err)
+	}
+	return tp, nil
+}
+
+// fork injects clone(CLONE_PARENT|SIGCHLD) into t and waits for the child's first stop.
+// Runs on the tracer thread.
+func (t *task) fork() (int, error) {
+	ret, child, err := t.inject(unix.SYS_CLONE, uint64(cloneParent))
+	if err != nil {
+		if child > 0 {
+			_ = unix.Kill(child, unix.SIGKILL)
+		}
+		return 0, err
+	}
+	if ret < 0 || child <= 0 {
+		return 0, fmt.Errorf("fork of process %d: %w", t.pid, unix.Errno(-ret))
+	}
+	if _, err := waitStop(child); err != nil {
+		return 0, err
+	}
+	return child, nil
+}
+
+// fileOffsets reads the offsets of the regular files pid has open.
+func fileOffsets(pid int) map[int]int64 {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	out := map[int]int64{}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(dir+"/"+e.Name(), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(line, "pos:"); ok {
+				if pos, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+					out[fd] = pos
+				}
+			}
+		}
+	}
+	return out
+}

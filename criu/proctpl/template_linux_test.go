@@ -1,0 +1,288 @@
+package proctpl
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+)
+
+// repl is a python3 process evaluating lines from a pipe, one answer line each.
+type repl struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+// The REPL reads with os.read on fd 0 (a blocking read(2)), so it sits in read when idle.
+const replSrc = `
+import os, sys
+buf = b""
+g = {}
+while True:
+    while b"\n" not in buf:
+        chunk = os.read(0, 4096)
+        if not chunk:
+            sys.exit(0)
+        buf += chunk
+    line, buf = buf.split(b"\n", 1)
+    try:
+        r = eval(line.decode(), g)
+    except SyntaxError:
+        exec(line.decode(), g); r = "ok"
+    except Exception as e:
+        r = type(e).__name__
+    os.write(1, (repr(r) + "\n").encode())
+`
+
+func startREPL(t *testing.T) *repl {
+	t.Helper()
+	py := testutil.RequiresBinary(t, "python3")
+	cmd := exec.Command(py, "-S", "-c", replSrc)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	r := &repl{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	r.eval(t, "1") // started
+	return r
+}
+
+func (r *repl) eval(t *testing.T, expr string) string {
+	t.Helper()
+	if _, err := fmt.Fprintln(r.in, expr); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan string, 1)
+	go func() {
+		line, _ := r.out.ReadString('\n')
+		done <- strings.TrimSpace(line)
+	}()
+	select {
+	case s := <-done:
+		return s
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no answer to %q", expr)
+		return ""
+	}
+}
+
+func noCheck(int) error { return nil }
+
+// checkpoint seizes pid, makes a template and resumes the original.
+func checkpoint(t *testing.T, tr *Tracer, pid int) *Template {
+	t.Helper()
+	p, err := tr.Seize(pid, noCheck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	tp, err := p.Template()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tp.Release)
+	if err := p.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	return tp
+}
+
+// rollback kills pid and starts a copy of tp in its place; the copy is a child of the test
+// (CLONE_PARENT), reaped at cleanup.
+func rollback(t *testing.T, tp *Template, pid int) int {
+	t.Helper()
+	_ = unix.Kill(pid, unix.SIGKILL)
+	c, err := tp.Copy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = unix.Kill(c, unix.SIGKILL)
+		var ws unix.WaitStatus
+		_, _ = unix.Wait4(c, &ws, 0, nil)
+	})
+	return c
+}
+
+func TestTemplateREPLRollbackTwice(t *testing.T) {
+	testutil.RequiresRoot(t)
+	tr := NewTracer()
+	r := startREPL(t)
+	r.eval(t, "before = 41")
+	r.eval(t, "big = bytearray(50 << 20)")
+	start := time.Now()
+	tp := checkpoint(t, tr, r.cmd.Process.Pid)
+	t.Logf("template in %s, %d bytes private", time.Since(start), tp.Bytes())
+	r.eval(t, "after = 1")
+	r.eval(t, "before = 0")
+	if got := r.eval(t, "before"); got != "0" {
+		t.Fatalf("before = %s", got)
+	}
+	pid := r.cmd.Process.Pid
+	for i := 0; i < 2; i++ {
+		start = time.Now()
+		c := rollback(t, tp, pid)
+		t.Logf("copy %d in %s", c, time.Since(start))
+		if got := r.eval(t, "before"); got != "41" {
+			t.Fatalf("rollback %d: before = %s, want 41", i, got)
+		}
+		if got := r.eval(t, "after"); got != "'NameError'" {
+			t.Fatalf("rollback %d: after = %s, want NameError", i, got)
+		}
+		if got := r.eval(t, "len(big)"); got != strconv.Itoa(50<<20) {
+			t.Fatalf("rollback %d: len(big) = %s", i, got)
+		}
+		r.eval(t, "after = 2")
+		pid = c
+	}
+	if !tp.Alive() {
+		t.Fatal("template gone after copies")
+	}
+}
+
+// TestTemplateFrozenCut seizes and interrupts processes while their cgroup is frozen: once
+// thawed they stop for the tracer before running on, so the cut is the frozen one.
+func TestTemplateFrozenCut(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir := filepath.Join("/sys/fs/cgroup/freezer", fmt.Sprintf("proctpl-test-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		testutil.SkipOrFail(t, "cgroup v1 freezer: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
+		time.Sleep(50 * time.Millisecond)
+		_ = os.Remove(dir)
+	})
+	tr := NewTracer()
+	r := startREPL(t)
+	r.eval(t, "x = 1")
+	// a busy loop with no system calls, and a process asleep
+	busy := exec.Command(testutil.RequiresBinary(t, "python3"), "-S", "-c", "while True: pass")
+	sleeper := exec.Command("sleep", "1000")
+	for _, c := range []*exec.Cmd{busy, sleeper} {
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+	}
+	pids := []int{r.cmd.Process.Pid, busy.Process.Pid, sleeper.Process.Pid}
+	for _, pid := range pids {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := filepath.Join(dir, "freezer.state")
+	if err := os.WriteFile(state, []byte("FROZEN"), 0); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, time.Millisecond, "frozen", func() bool {
+		b, _ := os.ReadFile(state)
+		return strings.TrimSpace(string(b)) == "FROZEN"
+	})
+	var procs []*Proc
+	for _, pid := range pids {
+		p, err := tr.Seize(pid, noCheck)
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, p)
+	}
+	if err := os.WriteFile(state, []byte("THAWED"), 0); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var tps []*Template
+	for _, p := range procs {
+		if err := p.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		tp, err := p.Template()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(tp.Release)
+		tps = append(tps, tp)
+	}
+	for _, p := range procs {
+		if err := p.Resume(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("3 processes stopped, templated and resumed in %s after the thaw", time.Since(start))
+	r.eval(t, "x = 2")
+	c := rollback(t, tps[0], pids[0])
+	if got := r.eval(t, "x"); got != "1" {
+		t.Fatalf("x = %s after rollback, want 1", got)
+	}
+	for i, tp := range tps[1:] {
+		c := rollback(t, tp, pids[i+1])
+		time.Sleep(20 * time.Millisecond)
+		if st := procState(c); st != "R" && st != "S" {
+			t.Fatalf("copy of %d is in state %q", pids[i+1], st)
+		}
+	}
+	_ = c
+}
+
+func procState(pid int) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "gone"
+	}
+	s := string(data)
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])[0]
+}
+
+// TestTemplateIgnoresSignals sends a template every catchable kind of signal: it stays
+// stopped, and copies made afterwards neither die nor stop from them.
+func TestTemplateIgnoresSignals(t *testing.T) {
+	testutil.RequiresRoot(t)
+	tr := NewTracer()
+	r := startREPL(t)
+	r.eval(t, "x = 5")
+	tp := checkpoint(t, tr, r.cmd.Process.Pid)
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGSTOP, unix.SIGCONT, unix.SIGUSR1, unix.SIGSEGV} {
+		if err := unix.Kill(tp.Pid(), sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	if st := procState(tp.Pid()); st != "t" {
+		t.Fatalf("template state %q after signals", st)
+	}
+	r.eval(t, "x = 6")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rollback(t, tp, r.cmd.Process.Pid)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("copy hangs; template state %q", procState(tp.Pid()))
+	}
+	if got := r.eval(t, "x"); got != "5" {
+		t.Fatalf("x = %s", got)
+	}
+}

@@ -1,0 +1,244 @@
+package integration
+
+import (
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deltabox/deltabox/orchestrator/api"
+)
+
+//go:embed testdata/repl.py
+var replPy string
+
+// pipeShell is a process in the sandbox driven through two FIFOs in /dev/shm (a tmpfs,
+// outside the checkpointed files), both opened read-write so that neither side sees EOF.
+type pipeShell struct {
+	d    *daemon
+	id   string
+	name string
+}
+
+// startPiped starts cmd in the background with stdin and stdout on /dev/shm/NAME.in and
+// NAME.out.
+func startPiped(d *daemon, id, name, cmd string) pipeShell {
+	d.t.Helper()
+	p := pipeShell{d: d, id: id, name: "/dev/shm/" + name}
+	d.cli("exec", id, "--", "sh", "-c", fmt.Sprintf(
+		"rm -f %[1]s.in %[1]s.out; mkfifo %[1]s.in %[1]s.out; nohup %[2]s <>%[1]s.in 1<>%[1]s.out 2>&1 &", p.name, cmd))
+	return p
+}
+
+// ask sends one line and returns the first answer line.
+func (p pipeShell) ask(line string) string {
+	p.d.t.Helper()
+	out := p.d.cli("exec", p.id, "--", "sh", "-c", fmt.Sprintf(
+		"printf '%%s\\n' %s > %s.in; timeout 10 head -n1 %s.out", shellQuote(line), p.name, p.name))
+	return strings.TrimSpace(out)
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'" }
+
+// psCount counts the sandbox's running processes (not stopped for the tracer: templates
+// are) whose command line is cmdline, the counting shell excluded.
+func (d *daemon) psCount(id, cmdline string) (int, string) {
+	d.t.Helper()
+	out := d.cli("exec", id, "--", "sh", "-c", fmt.Sprintf(`n=0; all=
+for p in /proc/[0-9]*; do
+  [ "${p#/proc/}" = "$$" ] && continue
+  c=$(tr '\0' ' ' <$p/cmdline 2>/dev/null); st=$(sed 's/.*) //' $p/stat 2>/dev/null | cut -c1)
+  all="$all ${p#/proc/}:$st:$c;"
+  case "$c" in "%s ") [ "$st" != t ] && n=$((n+1));; esac
+done; echo "$n"; echo "$all"`, cmdline))
+	first, rest, _ := strings.Cut(out, "\n")
+	n, _ := strconv.Atoi(strings.TrimSpace(first))
+	return n, rest
+}
+
+// TestProcessTemplates checkpoints a sandbox with processes no one prepared for it (a
+// Python REPL and a bash session driven through pipes, a process asleep, one blocked in a
+// write to a full pipe, a parent with children, a process writing a file it keeps open),
+// changes all of them, rolls back, checks every one is as at the checkpoint, and does it a
+// second time to the same checkpoint.
+func TestProcessTemplates(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("py", pythonImage, 1)
+	id := d.lease("py").ID
+	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /work && cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
+	py := startPiped(d, id, "py", "python3 /repl.py")
+	sh := startPiped(d, id, "sh", "bash")
+	if got := py.ask("before = 41"); got != "'ok'" {
+		t.Fatalf("REPL: %s", got)
+	}
+	py.ask("heap = bytearray(50 << 20)")
+	sh.ask(`cd /etc; export EXP=one; UNEXP=two; f() { echo fn; }; sleep 1000 & echo started`)
+	d.cli("exec", id, "--", "sh", "-c", `nohup sleep 999 >/dev/null 2>&1 &
+		mkfifo /dev/shm/full; nohup yes 1<>/dev/shm/full 2>/dev/null &
+		nohup sh -c 'sleep 998 & sleep 998 & wait' >/dev/null 2>&1 &
+		nohup python3 -c 'import time
+f = open("/work/log.txt", "w", buffering=1)
+n = 0
+while True:
+    n += 1; f.write("%d\n" % n); time.sleep(0.02)' >/dev/null 2>&1 &
+		sleep 0.3`)
+
+	var ck api.Checkpoint
+	d.cliJSON(&ck, "checkpoint", "create", id, "--processes", "-m", "with processes")
+	t.Logf("checkpoint with processes: frozen %.2f ms, total %.2f ms, template bytes %d", ck.FrozenMS, ck.TotalMS, ck.TemplateBytes)
+	templated := 0
+	for _, p := range ck.Processes {
+		if p.Kept == api.KeptTemplate {
+			templated++
+		} else {
+			t.Errorf("process not templated: %+v", p)
+		}
+	}
+	if templated < 9 {
+		t.Fatalf("%d processes templated, want at least 9 (python x2, bash, sleep x4, sh, yes): %+v", templated, ck.Processes)
+	}
+
+	for round := 1; round <= 2; round++ {
+		// the step: every process changes
+		py.ask("before = 0")
+		py.ask("after = 1")
+		sh.ask(`cd /; export EXP=changed; UNEXP=changed; unset -f f; echo changed`)
+		time.Sleep(200 * time.Millisecond) // the writer writes on
+		var rb api.RollbackResult
+		d.cliJSON(&rb, "rollback", id, "--to", ck.ID)
+		t.Logf("round %d: rollback frozen %.2f ms, total %.2f ms, %d stopped, %d restored, lost %v",
+			round, rb.FrozenMS, rb.TotalMS, rb.ProcessesStopped, rb.ProcessesRestored, rb.ProcessesLost)
+		if rb.ProcessesRestored != templated || len(rb.ProcessesLost) != 0 {
+			t.Fatalf("round %d: %d processes restored, want %d; lost: %+v", round, rb.ProcessesRestored, templated, rb.ProcessesLost)
+		}
+		if got := py.ask("before"); got != "41" {
+			t.Errorf("round %d: REPL before = %s, want 41", round, got)
+		}
+		if got := py.ask("after"); got != "'NameError'" {
+			t.Errorf("round %d: REPL after = %s, want NameError (defined after the checkpoint)", round, got)
+		}
+		if got := py.ask("len(heap)"); got != strconv.Itoa(50<<20) {
+			t.Errorf("round %d: REPL heap = %s", round, got)
+		}
+		if got := sh.ask(`echo "$(pwd) $EXP $UNEXP $(f) $(jobs | grep -c 'sleep 1000')"`); got != "/etc one two fn 1" {
+			t.Errorf("round %d: bash says %q, want %q", round, got, "/etc one two fn 1")
+		}
+		for pat, want := range map[string]int{"sleep 999": 1, "sleep 998": 2, "sh -c sleep 998 & sleep 998 & wait": 1, "yes": 1, "sleep 1000": 1} {
+			if n, all := d.psCount(id, pat); n != want {
+				t.Errorf("round %d: %d processes %q, want %d: %s", round, n, pat, want, all)
+			}
+		}
+		// The writer's copy continues the file from the checkpoint's offset: its lines stay
+		// 1, 2, 3, ... (a wrong offset leaves a gap, NULs or repeats) and it grows.
+		log1 := d.cli("exec", id, "--", "cat", "/work/log.txt")
+		time.Sleep(200 * time.Millisecond)
+		log2 := d.cli("exec", id, "--", "cat", "/work/log.txt")
+		if !consecutive(log2) || len(log2) <= len(log1) {
+			t.Errorf("round %d: the writer's file is not continued from the checkpoint (%d then %d bytes, consecutive %t):\n%.300s",
+				round, len(log1), len(log2), consecutive(log2), log2)
+		}
+	}
+}
+
+// consecutive reports whether s is the lines 1, 2, 3, ... with nothing else.
+func consecutive(s string) bool {
+	for i, line := range strings.Split(strings.TrimSuffix(s, "\n"), "\n") {
+		if line != strconv.Itoa(i+1) {
+			return false
+		}
+	}
+	return true
+}
+
+//go:embed testdata/attack_templates.py
+var attackTemplatesPy string
+
+// templateAttack is what attack_templates.py reports.
+type templateAttack struct {
+	Templates []int                        `json:"templates"`
+	Results   map[string]map[string]string `json:"results"`
+}
+
+// TestProcessTemplatesFromInside attacks the templates from inside the sandbox: they are
+// found (stopped processes in /proc), but their memory can be neither read nor written,
+// they cannot be traced, and signals do not reach them nor the copies made from them; a
+// SIGKILL destroys one template, which the rollback then reports, and nothing else.
+func TestProcessTemplatesFromInside(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("py", pythonImage, 1)
+	id := d.lease("py").ID
+	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL\ncat > /attack.py <<'EOF_ATTACK'\n"+attackTemplatesPy+"\nEOF_ATTACK")
+	py := startPiped(d, id, "py", "python3 /repl.py")
+	d.cli("exec", id, "--", "sh", "-c", "nohup sleep 997 >/dev/null 2>&1 &")
+	py.ask("secret = 7")
+	var ck1, ck2 api.Checkpoint
+	d.cliJSON(&ck1, "checkpoint", "create", id, "--processes")
+	py.ask("secret = 8")
+	d.cliJSON(&ck2, "checkpoint", "create", id, "--processes")
+	t.Logf("checkpoint %s keeps %+v; checkpoint %s keeps %+v", ck1.ID, ck1.Processes, ck2.ID, ck2.Processes)
+
+	var atk templateAttack
+	out := d.cli("exec", id, "--", "python3", "/attack.py")
+	if err := json.Unmarshal([]byte(out), &atk); err != nil {
+		t.Fatalf("attack output %q: %v", out, err)
+	}
+	if len(atk.Templates) != 4 {
+		t.Fatalf("the sandbox sees %d stopped processes, want the 4 templates: %s", len(atk.Templates), out)
+	}
+	for pid, r := range atk.Results {
+		for _, k := range []string{"read_mem", "write_mem", "environ"} {
+			if r[k] != "PermissionError" {
+				t.Errorf("template %s: %s = %s, want PermissionError", pid, k, r[k])
+			}
+		}
+		for _, k := range []string{"attach", "seize"} {
+			if r[k] == "ok" {
+				t.Errorf("template %s: %s succeeded", pid, k)
+			}
+		}
+		if r["state_after"] != "t" {
+			t.Errorf("template %s is %q after the signals, want still stopped (t)", pid, r["state_after"])
+		}
+	}
+	t.Logf("attacks: %v", atk.Results)
+
+	// The copies do not get the signals sent to the templates (SIGTERM, SIGINT, SIGSEGV
+	// would end the REPL) and start from the checkpoint's memory.
+	for _, ck := range []struct {
+		id, want string
+	}{{ck2.ID, "8"}, {ck2.ID, "8"}} {
+		var rb api.RollbackResult
+		d.cliJSON(&rb, "rollback", id, "--to", ck.id, "--force")
+		if rb.ProcessesRestored != 2 || len(rb.ProcessesLost) != 0 {
+			t.Fatalf("rollback to %s: %+v", ck.id, rb)
+		}
+		if got := py.ask("secret"); got != ck.want {
+			t.Errorf("after rollback to %s: secret = %s, want %s", ck.id, got, ck.want)
+		}
+	}
+
+	// SIGKILL from inside destroys one template, the newest stopped sleep (checkpoint 2's):
+	// the rollback to checkpoint 2 says so and restores the rest; checkpoint 1 is untouched.
+	d.cli("exec", id, "--", "sh", "-c", `for p in /proc/[0-9]*; do [ "$(cat $p/comm)" = sleep ] && [ "$(sed 's/.*) //' $p/stat | cut -c1)" = t ] && echo ${p#/proc/}; done | sort -n | tail -1 | xargs sh -c 'kill -9 "$0"'`)
+	var rb api.RollbackResult
+	d.cliJSON(&rb, "rollback", id, "--to", ck2.ID, "--force")
+	if rb.ProcessesRestored != 1 || len(rb.ProcessesLost) != 1 || rb.ProcessesLost[0].Comm != "sleep" || !strings.Contains(rb.ProcessesLost[0].Reason, "killed") {
+		t.Errorf("rollback to %s after its sleep's template was killed: %+v", ck2.ID, rb)
+	}
+	if got := py.ask("secret"); got != "8" {
+		t.Errorf("secret = %s after rollback to %s, want 8", got, ck2.ID)
+	}
+	rb = api.RollbackResult{}
+	d.cliJSON(&rb, "rollback", id, "--to", ck1.ID, "--force")
+	if rb.ProcessesRestored != 2 || len(rb.ProcessesLost) != 0 {
+		t.Errorf("rollback to %s: %+v", ck1.ID, rb)
+	}
+	if n, all := d.psCount(id, "sleep 997"); n != 1 {
+		t.Errorf("%d running sleeps after the rollback to %s, want 1: %s", n, ck1.ID, all)
+	}
+	// Release with templates alive: nothing stays behind.
+	d.cli("release", id)
+}
