@@ -23,3 +23,21 @@ func TestLangGraphCheckpointer(t *testing.T) {
 	}
 	t.Logf("LangGraph's checkpointer validation: %s of %s tests passed", m[1], m[2])
 }
+
+// TestLangGraphTimeTravel runs sdk/langgraph/examples/time_travel.mjs: a LangGraph graph whose
+// tool node runs commands in a sandbox is run, then resumed on another branch from the
+// checkpoint after its first tool call; the sandbox's files must be those of that branch only.
+func TestLangGraphTimeTravel(t *testing.T) {
+	lg := npmBuild(t, "sdk/typescript", "sdk/langgraph")[1]
+	d := startDaemon(t)
+	d.createPool("lg", busyboxImage, 1, "--max", "4")
+	env := []string{"DELTABOX_ADDRESS=" + d.address}
+	out := runTool(t, lg, env, "node", "examples/time_travel.mjs", "--pool", "lg")
+	t.Logf("examples/time_travel.mjs:\n%s", out)
+	mustContain(t, "examples/time_travel.mjs", out,
+		"files after run 1: b.txt c.txt\n",
+		"files at the fork: a.txt\n", // c.txt and b.txt were made after that checkpoint; a.txt is back
+		"$ echo alt > /work/alt.txt -> exit 0",
+		"files after run 2: a.txt alt.txt\n",
+		"(both branches kept)")
+}

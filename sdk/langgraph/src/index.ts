@@ -82,6 +82,10 @@ function requireString(what: string, v: unknown, allowEmpty = false): string {
  * earlier LangGraph checkpoint (a run resumed from it) rolls the sandbox back to the DeltaBox
  * checkpoint taken with it. LangGraph's own records survive that rollback: the saver puts its
  * subtree of the state document back after it.
+ *
+ * Run graphs with `durability: "sync"`: LangGraph's default ("async") stores a step's checkpoint
+ * while the next step already runs, so the sandbox checkpoint taken with it could hold files of
+ * that next step.
  */
 export class DeltaBoxSaver extends BaseCheckpointSaver {
   readonly sandbox: Sandbox;
