@@ -39,5 +39,6 @@ func TestLangGraphTimeTravel(t *testing.T) {
 		"files at the fork: a.txt\n", // c.txt and b.txt were made after that checkpoint; a.txt is back
 		"$ echo alt > /work/alt.txt -> exit 0",
 		"files after run 2: a.txt alt.txt\n",
+		"files back at the end of run 1: b.txt c.txt\n", // the checkpoint tree keeps the other branch
 		"(both branches kept)")
 }

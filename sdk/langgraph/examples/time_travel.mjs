@@ -66,6 +66,10 @@ try {
   console.log("run 2:", second.log.join(" | "));
   console.log("files after run 2:", await ls(sandbox));
 
+  // The first run's branch is still in the tree: going to its last checkpoint brings its files back.
+  await saver.moveTo(history[0].config);
+  console.log("files back at the end of run 1:", await ls(sandbox));
+
   let count = 0;
   for await (const _ of graph.getStateHistory(thread)) count++;
   console.log(`history: ${history.length} checkpoints after run 1, ${count} after run 2 (both branches kept)`);

@@ -229,11 +229,14 @@ export class Sandbox {
 
   // --- checkpoints
 
-  /** Take a checkpoint (level "l1" by default, "l2", "l3"). */
-  checkpoint(opts: { message?: string; level?: string } = {}): Promise<api.Checkpoint> {
-    const body: Record<string, string> = {};
+  /** Take a checkpoint (level "l1" by default, "l2", "l3"); `name` is a reference besides its
+   * ID, `pin` keeps retention from ever dropping it. */
+  checkpoint(opts: { message?: string; level?: string; name?: string; pin?: boolean } = {}): Promise<api.Checkpoint> {
+    const body: Record<string, unknown> = {};
     if (opts.message) body.message = opts.message;
     if (opts.level) body.level = opts.level;
+    if (opts.name) body.name = opts.name;
+    if (opts.pin) body.pin = true;
     return this.json("POST", "/checkpoints", body);
   }
 

@@ -105,6 +105,10 @@ export interface Checkpoint {
   frozen_ms: number;
   total_ms: number;
   committed?: boolean;
+  name?: string;
+  pinned?: boolean;
+  /** The sandbox is at this checkpoint or after it. */
+  head?: boolean;
   [k: string]: unknown;
 }
 

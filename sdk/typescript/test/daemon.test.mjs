@@ -123,8 +123,8 @@ test("checkpoints, state, rollback, commit, diff", { skip }, async () => {
     let r = await sb.patchState([{ op: "add", path: "/plan", value: ["a"] }]);
     const seq = r.seq;
     assert.equal(r.applied, 1);
-    const ck = await sb.checkpoint({ message: "planned" });
-    assert.equal(ck.message, "planned");
+    const ck = await sb.checkpoint({ message: "planned", name: "planned", pin: true });
+    assert.deepEqual([ck.message, ck.name], ["planned", "planned"]);
     await sb.exec("echo x > /tmp/x", { check: true });
     r = await sb.patchState({ op: "append", path: "/plan", value: "b" }, { ifSeq: seq });
     await assert.rejects(sb.patchState({ op: "append", path: "/plan", value: "c" }, { ifSeq: seq }),
