@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"archive/tar"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -20,6 +22,19 @@ func TestCLIConventions(t *testing.T) {
 	a := d.lease("conv", "--label", "who=alice")
 	b := d.lease("conv", "--label", "who=bob")
 	missing := filepath.Join(shortTempDir(t), "nothing.sock")
+	// Symlinks inside the sandbox: one within, one climbing out (it must stay in the root).
+	d.cli("exec", a.ID, "sh", "-c", "mkdir -p /data/real && echo inside > /data/real/f && ln -s /data/real /data/link && "+
+		"ln -s ../../../../../../etc /data/up && echo sandbox-passwd > /etc/passwd.mark")
+	local := shortTempDir(t)
+	for _, f := range []string{"one", "two"} {
+		if err := os.WriteFile(filepath.Join(local, f), []byte(f), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readLocal := func(name string) string {
+		data, _ := os.ReadFile(filepath.Join(local, name))
+		return string(data)
+	}
 
 	type tc struct {
 		name   string
@@ -39,6 +54,37 @@ func TestCLIConventions(t *testing.T) {
 		{name: "exec bad --timeout", args: []string{"exec", "--timeout", "soon", a.ID, "true"}, code: 2, stderr: []string{`--timeout "soon": want seconds`}},
 		{name: "exec output cap says it cut", args: []string{"exec", "--output-cap", "4", a.ID, "echo", "0123456789"}, stdout: []string{"0123"}, stderr: []string{"stdout cut at 4 bytes (--output-cap)"}},
 		{name: "exec -t says what is missing", args: []string{"exec", "-it", a.ID, "sh"}, code: 1, stderr: []string{"not_implemented", "without -t"}},
+		// 3. cp like docker.
+		{name: "cp through a symlink inside the sandbox", args: []string{"cp", a.ID + ":/data/link/f", filepath.Join(local, "f")}, check: func(t *testing.T, _, _ string) {
+			if got := readLocal("f"); got != "inside\n" {
+				t.Fatalf("copied %q, want the sandbox's /data/real/f", got)
+			}
+		}},
+		{name: "cp symlink climbing out stays in the root", args: []string{"cp", a.ID + ":/data/up/passwd.mark", filepath.Join(local, "mark")}, check: func(t *testing.T, _, _ string) {
+			if got := readLocal("mark"); got != "sandbox-passwd\n" {
+				t.Fatalf("copied %q, want the sandbox's /etc/passwd.mark", got)
+			}
+		}},
+		{name: "cp several sources into a symlinked dir", args: []string{"cp", filepath.Join(local, "one"), filepath.Join(local, "two"), a.ID + ":/data/link"}, check: func(t *testing.T, _, _ string) {
+			if out := d.cli("exec", a.ID, "cat", "/data/real/one", "/data/real/two"); out != "onetwo" {
+				t.Fatalf("the sandbox has %q in /data/real, want onetwo", out)
+			}
+		}},
+		{name: "cp to - streams a tar", args: []string{"cp", a.ID + ":/data/real", "-"}, check: func(t *testing.T, out, _ string) {
+			tr := tar.NewReader(strings.NewReader(out))
+			var names []string
+			for {
+				h, err := tr.Next()
+				if err != nil {
+					break
+				}
+				names = append(names, h.Name)
+			}
+			if !slices.Contains(names, "real/f") {
+				t.Fatalf("tar on stdout has %v, want real/f", names)
+			}
+		}},
+		{name: "cp both local", args: []string{"cp", "a", "b"}, code: 2, stderr: []string{"cannot both be local"}},
 		// 2. output like kubectl.
 		{name: "-o json after the verb", args: []string{"ls", "-o", "json"}, check: func(t *testing.T, out, _ string) {
 			var sbs []api.Sandbox

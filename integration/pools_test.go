@@ -235,6 +235,9 @@ func TestPoolBadInput(t *testing.T) {
 	}
 }
 
+// TestCopyRefusesEscapes: cp follows a sandbox's symlinks inside its root only (docker cp's
+// semantics, issue 19): a symlink to a host path reaches the same path inside the sandbox,
+// never the host's, and ".." in the path is refused.
 func TestCopyRefusesEscapes(t *testing.T) {
 	d := startDaemon(t)
 	d.createPool("bb", busyboxImage, 1)
@@ -245,20 +248,39 @@ func TestCopyRefusesEscapes(t *testing.T) {
 	src := filepath.Join(shortTempDir(t), "f")
 	os.WriteFile(src, []byte("evil"), 0o644)
 	d.cli("exec", l.ID, "--", "ln", "-s", canaryDir, "/tmp/escape")
-	for _, dest := range []string{"/../../" + canaryDir + "/canary", "/tmp/escape/canary", "/tmp/escape/new"} {
-		_, errOut, code := d.cliRaw("cp", src, l.ID+":"+dest)
-		if code == 0 || !(strings.Contains(errOut, "climbs out") || strings.Contains(errOut, "symlink")) {
-			t.Errorf("cp to %s: exit %d, %q", dest, code, errOut)
+	d.cli("exec", l.ID, "--", "ln", "-s", "../../../../../../../.."+canaryDir, "/tmp/climb")
+	if _, errOut, code := d.cliRaw("cp", src, l.ID+":/../../"+canaryDir+"/canary"); code == 0 || !strings.Contains(errOut, "climbs out") {
+		t.Errorf("cp to a path with ..: exit %d, %q", code, errOut)
+	}
+	// The symlinks' targets do not exist inside the sandbox yet: the copies fail.
+	for _, dest := range []string{"/tmp/escape/canary", "/tmp/escape/new", "/tmp/climb/new"} {
+		if _, errOut, code := d.cliRaw("cp", src, l.ID+":"+dest); code == 0 {
+			t.Errorf("cp to %s succeeded with no %s in the sandbox: %q", dest, canaryDir, errOut)
 		}
 	}
 	if _, _, code := d.cliRaw("cp", l.ID+":/tmp/escape/canary", filepath.Join(shortTempDir(t), "x")); code == 0 {
-		t.Errorf("cp from a path through a symlink succeeded")
+		t.Errorf("cp from a symlink to a host path read something")
+	}
+	// Once the sandbox has that directory, the same copies land in it, never on the host.
+	d.cli("exec", l.ID, "--", "mkdir", "-p", canaryDir)
+	for _, dest := range []string{"/tmp/escape/canary", "/tmp/escape/new", "/tmp/climb/new2"} {
+		d.cli("cp", src, l.ID+":"+dest)
+	}
+	if out := d.cli("exec", l.ID, "--", "cat", canaryDir+"/canary", canaryDir+"/new", canaryDir+"/new2"); out != "evilevilevil" {
+		t.Errorf("the sandbox's %s holds %q, want the three copies", canaryDir, out)
+	}
+	back := filepath.Join(shortTempDir(t), "back")
+	d.cli("cp", l.ID+":/tmp/escape/canary", back)
+	if data, _ := os.ReadFile(back); string(data) != "evil" {
+		t.Errorf("cp from /tmp/escape/canary read %q, want the sandbox's file", data)
 	}
 	if data, _ := os.ReadFile(canary); string(data) != "host" {
 		t.Fatalf("host canary changed: %q", data)
 	}
-	if _, err := os.Stat(filepath.Join(canaryDir, "new")); err == nil {
-		t.Fatal("cp created a file on the host through a sandbox symlink")
+	for _, n := range []string{"new", "new2"} {
+		if _, err := os.Stat(filepath.Join(canaryDir, n)); err == nil {
+			t.Fatalf("cp created %s on the host through a sandbox symlink", n)
+		}
 	}
 }
 

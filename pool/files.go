@@ -5,6 +5,8 @@ import (
 	"context"
 	"io"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/deltabox/deltabox/internal/rootfs"
 	"github.com/deltabox/deltabox/pool/initproto"
 )
@@ -32,7 +34,27 @@ func (m *Manager) CopyTo(ctx context.Context, id, dest string, r io.Reader) (roo
 		return rootfs.ExtractResult{}, err
 	}
 	defer root.Close()
-	return root.Extract(dest, tar.NewReader(r), rootfs.ExtractOptions{Chown: true})
+	rel, err := resolveDest(root, dest)
+	if err != nil {
+		return rootfs.ExtractResult{}, err
+	}
+	return root.Extract(rel, tar.NewReader(r), rootfs.ExtractOptions{Chown: true})
+}
+
+// resolveDest resolves a copy's destination inside the sandbox's root, following its
+// symlinks there (docker cp's semantics): the last one too when it leads to a directory,
+// which the copy then goes into.
+func resolveDest(root *rootfs.Root, dest string) (string, error) {
+	rel, err := rootfs.CleanPath(dest)
+	if err != nil {
+		return "", err
+	}
+	if full, err := root.Resolve(rel, true); err == nil {
+		if st, err := root.Lstat(full); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			return full, nil
+		}
+	}
+	return root.Resolve(rel, false)
 }
 
 // CopyFrom writes src of a leased sandbox to w as a tar stream.
@@ -54,7 +76,8 @@ func (m *Manager) StatPath(id, src string) error {
 	return err
 }
 
-// openPath opens a sandbox's root and checks that src exists in it (without following links).
+// openPath opens a sandbox's root and checks that src exists in it: symlinks on the way are
+// followed within the root (rootfs.Resolve), a final one is not.
 func (m *Manager) openPath(id, src string) (*rootfs.Root, string, error) {
 	rel, err := rootfs.CleanPath(src)
 	if err != nil {
@@ -62,6 +85,10 @@ func (m *Manager) openPath(id, src string) (*rootfs.Root, string, error) {
 	}
 	root, err := m.root(id)
 	if err != nil {
+		return nil, "", err
+	}
+	if rel, err = root.Resolve(rel, false); err != nil { // the sandbox's symlinks, within its root
+		root.Close()
 		return nil, "", err
 	}
 	if _, err := root.Lstat(rel); err != nil {

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -15,8 +16,14 @@ import (
 func cpCommand() *cli.Command {
 	return &cli.Command{
 		Name: "cp", Usage: "copy files or directories between the host and a sandbox",
-		ArgsUsage: "LOCAL ID:PATH | ID:PATH LOCAL",
-		Action:    runCp,
+		ArgsUsage: "SRC... ID:DIR | LOCAL... ID:PATH | ID:PATH... LOCAL | - ID:DIR | ID:PATH -",
+		Description: "As docker cp: the sandbox's symlinks on the way are followed inside its root (never out of it);\n" +
+			"several sources go into a directory; - reads a tar stream from stdin (to a sandbox) or writes\n" +
+			"one to stdout (from a sandbox); -a keeps the entries' owners when extracting on the host.",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "archive", Aliases: []string{"a"}, Usage: "keep uid/gid of the copied entries on the host (as root)"},
+		},
+		Action: runCp,
 	}
 }
 
@@ -35,30 +42,60 @@ type cpResult struct {
 }
 
 func runCp(c *cli.Context) error {
-	if err := exactArgs(c, 2, "SRC DST"); err != nil {
-		return err
+	if c.NArg() < 2 {
+		return usagef("cp takes SRC... DST, one side ID:PATH (got %d argument(s))", c.NArg())
 	}
-	src, dst := c.Args().Get(0), c.Args().Get(1)
-	sid, spath, sremote := splitRemote(src)
+	args := c.Args().Slice()
+	srcs, dst := args[:len(args)-1], args[len(args)-1]
 	did, dpath, dremote := splitRemote(dst)
 	var res cpResult
-	var err error
-	switch {
-	case sremote == dremote:
-		return usagef("cp copies between the host and a sandbox: exactly one of SRC and DST must be ID:PATH")
-	case dremote:
-		res.Direction = "to_sandbox"
-		res.ExtractResult, err = copyToSandbox(c, src, did, dpath)
-	default:
-		res.Direction = "from_sandbox"
-		res.ExtractResult, err = copyFromSandbox(c, sid, spath, dst)
-	}
-	if err != nil {
-		return err
+	for _, src := range srcs {
+		sid, spath, sremote := splitRemote(src)
+		var r rootfs.ExtractResult
+		var err error
+		switch {
+		case sremote == dremote:
+			return usagef("cp copies between the host and a sandbox: %s and %s cannot both be %s", src, dst, map[bool]string{true: "ID:PATH", false: "local"}[dremote])
+		case dremote && src == "-":
+			res.Direction = "to_sandbox"
+			r, err = newClient(c).CopyTo(c.Context, did, dpath, os.Stdin)
+		case dremote:
+			res.Direction = "to_sandbox"
+			r, err = copyToSandbox(c, src, did, dpath)
+		case dst == "-":
+			if len(srcs) > 1 {
+				return usagef("cp to - streams one source as a tar (got %d)", len(srcs))
+			}
+			return copyTarOut(c, sid, spath)
+		default:
+			res.Direction = "from_sandbox"
+			if len(srcs) > 1 {
+				if err := os.MkdirAll(dst, 0o755); err != nil {
+					return err
+				}
+			}
+			r, err = copyFromSandbox(c, sid, spath, dst)
+		}
+		if err != nil {
+			return fmt.Errorf("cp %s %s: %w", src, dst, err)
+		}
+		res.Entries += r.Entries
+		res.Bytes += r.Bytes
 	}
 	return printResult(c, res, func(w io.Writer) {
 		fmt.Fprintf(w, "copied %d entries, %d bytes\n", res.Entries, res.Bytes)
 	})
+}
+
+// copyTarOut writes src of the sandbox to stdout as the daemon's tar stream.
+func copyTarOut(c *cli.Context, id, src string) error {
+	body, err := newClient(c).CopyFrom(c.Context, id, src)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	_, err = io.Copy(c.App.Writer, body)
+	return err
 }
 
 func copyToSandbox(c *cli.Context, local, id, dest string) (rootfs.ExtractResult, error) {
@@ -97,5 +134,5 @@ func copyFromSandbox(c *cli.Context, id, src, local string) (rootfs.ExtractResul
 		return rootfs.ExtractResult{}, err
 	}
 	defer root.Close()
-	return root.Extract(filepath.Base(abs), tar.NewReader(body), rootfs.ExtractOptions{})
+	return root.Extract(filepath.Base(abs), tar.NewReader(body), rootfs.ExtractOptions{Chown: c.Bool("archive")})
 }

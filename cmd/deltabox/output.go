@@ -147,16 +147,16 @@ type errorDocument struct {
 }
 
 // errorCode returns the API code of err's class, and its message without the class's own
-// words repeated at the end ("pool \"p\" exists: already exists" -> "pool \"p\" exists").
+// words repeated at the end ("pool \"p\" already exists: already exists" -> "pool \"p\"
+// already exists"); `sandbox "x": not found` stays as it is.
 func errorCode(err error) (code, msg string) {
 	code, _ = api.FromError(err)
 	msg = err.Error()
 	for _, cl := range api.Classes {
-		if cl.Is(err) {
-			if s := strings.TrimSuffix(msg, ": "+cl.Err.Error()); s != msg {
-				msg = s
-				break
-			}
+		words := cl.Err.Error()
+		if s := strings.TrimSuffix(msg, ": "+words); cl.Is(err) && s != msg && strings.Contains(s, words) {
+			msg = s // "pool \"p\" already exists: already exists"
+			break
 		}
 	}
 	return code, msg
