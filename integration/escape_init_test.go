@@ -154,8 +154,8 @@ func TestEscapeInitDeathFencesLease(t *testing.T) {
 		return false
 	})
 	exited := "init (pid " + strconv.Itoa(int(pid)) + ") exited"
-	if sb := d.inspect(a.ID); sb.State != "failed" || !strings.Contains(sb.Reason, exited) {
-		t.Errorf("inspect of a fenced sandbox: state %q, reason %q; want failed naming the init's exit", sb.State, sb.Reason)
+	if sb := d.inspect(a.ID); sb.State != "failed" || !strings.Contains(sb.Reason, exited+": killed by SIGKILL") {
+		t.Errorf("inspect of a fenced sandbox: state %q, reason %q; want failed naming the init's exit and its signal", sb.State, sb.Reason)
 	}
 	mustContain(t, "inspect of a fenced sandbox", d.cli("inspect", a.ID), "State:", "failed: its "+exited)
 	mustContain(t, "ls with a fenced sandbox", d.cli("ls"), "failed: its "+exited)

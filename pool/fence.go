@@ -39,19 +39,20 @@ func (m *Manager) fence(sb *sandbox, ref *initRef) {
 	if expected {
 		return
 	}
-	ref.fail(fmt.Sprintf("its init (pid %d) exited", ref.pid))
 	ctx := log.With(m.ctx, "container", sb.rec.CID)
 	m.mu.Lock()
 	p := m.pools[sb.rec.Pool]
 	ready := p != nil && removeReady(p, sb)
 	m.mu.Unlock()
+	why, attrs := m.initExitReason(ctx, sb, ref) // meanwhile every use fails: r.exited is closed
+	ref.fail(why)
 	if ready {
-		log.L(ctx).Warn("sandbox fenced: its init exited while it was ready; destroying it", "pid", ref.pid)
+		log.L(ctx).Warn("sandbox fenced: its init exited while it was ready; destroying it", attrs...)
 		p.poke()
 		m.destroy(ctx, sb)
 		return
 	}
-	log.L(ctx).Warn("sandbox fenced: its init exited; calls on it fail until it is released and destroyed", "pid", ref.pid)
+	log.L(ctx).Warn("sandbox fenced: its init exited; calls on it fail until it is released and destroyed", attrs...)
 }
 
 // removeReady takes sb out of p's ready list; false when it is not there.

@@ -44,13 +44,19 @@ func main() {
 	// the host unparks the listener (initproto.UnparkSignal) after a dump; from the sandbox
 	// that signal only makes a parked init listen again
 	if err := initd.Harden(append(stopSignals, initproto.UnparkSignal)...); err != nil {
-		logger.Error("harden init", "error", err)
-		os.Exit(1)
+		exit("harden init", err)
 	}
 	if err := run(*socket, *killTimeout, *parkTimeout, stopSignals, logger); err != nil {
-		logger.Error("init failed", "error", err)
-		os.Exit(1)
+		exit("serve", err)
 	}
+}
+
+// exit ends the init with status 1 and says why on stderr directly, past the log's bound
+// (a log that reached it would drop the one line that explains an init's exit). The host
+// reports the status; a SIGKILL, the only other way an init ends, leaves no line.
+func exit(what string, err error) {
+	fmt.Fprintf(os.Stderr, "deltabox-init: exiting: %s: %v\n", what, err)
+	os.Exit(1)
 }
 
 func run(socket string, killTimeout, parkTimeout time.Duration, stopSignals []os.Signal, logger *slog.Logger) error {
