@@ -184,6 +184,9 @@ func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance,
 			st, err = task.Status(ctx)
 		}
 	}
+	if err == nil && st.Status == containerd.Stopped { // its init exited while no daemon ran
+		return nil, fmt.Errorf("task not running (stopped, exit status %d): %w", st.ExitStatus, errdefs.ErrFailedPrecondition)
+	}
 	if err != nil || st.Status != containerd.Running {
 		return nil, fmt.Errorf("task not running (%s, %v): %w", st.Status, err, errdefs.ErrFailedPrecondition)
 	}
