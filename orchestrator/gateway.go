@@ -51,3 +51,6 @@ func (o *Orchestrator) Freeze(ctx context.Context, id string) error { return o.p
 
 // Thaw undoes Freeze.
 func (o *Orchestrator) Thaw(ctx context.Context, id string) error { return o.pools.Resume(ctx, id) }
+
+// Sandboxes lists the leased sandboxes (not the quarantined ones).
+func (o *Orchestrator) Sandboxes() []api.Sandbox { return apiSandboxes(o.pools.List()) }

@@ -185,7 +185,7 @@ test('DeltaBox checkpoints and rollback from E2B code', async (t) => {
   assert.equal(ck.status, 201)
   await sb.files.write('/tmp/state.txt', 'v2')
   await sb.commands.run('touch /tmp/new-after-checkpoint')
-  const rb = await deltabox(sb.sandboxId, 'rollback', { to: ck.body.id })
+  const rb = await deltabox(sb.sandboxId, 'rollback', { to: ck.body.checkpoint })
   assert.equal(rb.status, 200, JSON.stringify(rb.body))
   assert.equal(await sb.files.read('/tmp/state.txt'), 'v1')
   assert.equal(await sb.files.exists('/tmp/new-after-checkpoint'), false)
@@ -200,7 +200,7 @@ test('metadata: a checkpoint before every command', async (t) => {
   await sb.commands.run('echo 2 > /tmp/two')
   const cks = (await deltabox(sb.sandboxId, 'checkpoints')).body
   assert.equal(cks.length, before + 2)
-  const rb = await deltabox(sb.sandboxId, 'rollback', { to: cks[cks.length - 1].id })
+  const rb = await deltabox(sb.sandboxId, 'rollback', { to: cks[cks.length - 1].checkpoint })
   assert.equal(rb.status, 200)
   assert.equal(await sb.files.exists('/tmp/two'), false, 'the rollback undid the last command')
   assert.equal(await sb.files.exists('/tmp/one'), true)

@@ -50,6 +50,7 @@ type Backend interface {
 	Checkpoints(ctx context.Context, id string) ([]api.Checkpoint, error)
 	Rollback(ctx context.Context, id string, req api.RollbackRequest) (api.RollbackResult, error)
 	Commit(ctx context.Context, id string) (api.CommitResult, error)
+	Sandboxes() []api.Sandbox
 }
 
 // Options configure a Gateway.
@@ -89,6 +90,7 @@ func New(b Backend, opts Options) (*Gateway, error) {
 		sum := sha256.Sum256([]byte(k))
 		g.keys[sum] = hex.EncodeToString(sum[:6])
 	}
+	g.recover(context.Background())
 	return g, nil
 }
 
@@ -190,14 +192,28 @@ func (g *Gateway) envdSandbox(r *http.Request) (*sandbox, error) {
 	g.mu.Lock()
 	sb := g.sandboxes[id]
 	g.mu.Unlock()
-	tok := r.Header.Get("X-Access-Token")
-	if sb == nil || subtle.ConstantTimeCompare([]byte(tok), []byte(sb.token)) != 1 {
+	if sb == nil || !sb.tokenOK(r.Header.Get("X-Access-Token")) {
 		return nil, fmt.Errorf("sandbox %q: unknown sandbox or wrong access token: %w", id, errUnauthenticated)
 	}
 	if sb.isPaused() {
 		return nil, fmt.Errorf("sandbox %q is paused; connect to resume it: %w", id, errdefs.ErrUnavailable)
 	}
 	return sb, nil
+}
+
+// tokenOK checks an in-sandbox call's access token (by hash, in constant time per token).
+func (sb *sandbox) tokenOK(tok string) bool {
+	if tok == "" {
+		return false
+	}
+	h := []byte(tokenHash(tok))
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	ok := false
+	for _, want := range sb.tokenHash {
+		ok = subtle.ConstantTimeCompare(h, []byte(want)) == 1 || ok
+	}
+	return ok
 }
 
 func randomToken() string {

@@ -25,15 +25,28 @@ import (
 // fakeBackend stands in for the orchestrator: one pool "py", sandboxes rooted in temp dirs,
 // execs answered by a function.
 type fakeBackend struct {
-	t    *testing.T
-	mu   sync.Mutex
-	n    int
-	live map[string]string // id -> root dir
-	log  []string          // calls, in order
-	exec func(req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) api.ExitStatus
+	t      *testing.T
+	mu     sync.Mutex
+	n      int
+	live   map[string]string            // id -> root dir
+	labels map[string]map[string]string // id -> lease labels
+	log    []string                     // calls, in order
+	exec   func(req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) api.ExitStatus
 }
 
-func newFake(t *testing.T) *fakeBackend { return &fakeBackend{t: t, live: map[string]string{}} }
+func newFake(t *testing.T) *fakeBackend {
+	return &fakeBackend{t: t, live: map[string]string{}, labels: map[string]map[string]string{}}
+}
+
+func (f *fakeBackend) Sandboxes() []api.Sandbox {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := []api.Sandbox{}
+	for id := range f.live {
+		out = append(out, api.Sandbox{ID: id, Labels: f.labels[id]})
+	}
+	return out
+}
 
 func (f *fakeBackend) record(call string) {
 	f.mu.Lock()
@@ -56,6 +69,7 @@ func (f *fakeBackend) Lease(ctx context.Context, pool string, req api.LeaseReque
 	f.n++
 	id := fmt.Sprintf("sb-%d", f.n)
 	f.live[id] = f.t.TempDir()
+	f.labels[id] = req.Labels
 	f.mu.Unlock()
 	return api.Lease{LeaseResult: api.LeaseResult{Sandbox: api.Sandbox{ID: id, Pool: pool}}}, nil
 }
@@ -119,6 +133,35 @@ const (
 	keyA = "tenant-a-key-0123456789"
 	keyB = "tenant-b-key-0123456789"
 )
+
+func TestRestartRecoversSandboxes(t *testing.T) {
+	f := newFake(t)
+	srv := newTestGateway(t, f, Options{})
+	c := create(t, srv, keyA)
+	call(t, "POST", srv.URL+"/v2/sandboxes", keyB, map[string]any{"templateID": "py", "metadata": map[string]string{"k": "v"}})
+	srv2 := newTestGateway(t, f, Options{}) // a restarted daemon's gateway over the same leases
+	hdr := []string{"E2b-Sandbox-Id", c.SandboxID, "X-Access-Token", c.EnvdAccessToken}
+	if status, body := call(t, "POST", srv2.URL+"/filesystem.Filesystem/ListDir", "", map[string]any{"path": "/"}, hdr...); status != http.StatusOK {
+		t.Errorf("the old access token after a restart: %d %s", status, body)
+	}
+	if status, _ := call(t, "GET", srv2.URL+"/sandboxes/"+c.SandboxID, keyB, nil); status != http.StatusNotFound {
+		t.Errorf("tenant B sees tenant A's recovered sandbox: %d", status)
+	}
+	_, body := call(t, "GET", srv2.URL+"/v2/sandboxes", keyB, nil)
+	if !strings.Contains(string(body), `"metadata":{"k":"v"}`) {
+		t.Errorf("tenant B's recovered list: %s", body)
+	}
+	status, body := call(t, "POST", srv2.URL+"/v2/sandboxes/"+c.SandboxID+"/connect", keyA, map[string]any{})
+	var again sandboxCreated
+	json.Unmarshal(body, &again)
+	if status != http.StatusOK || again.EnvdAccessToken == "" || again.EnvdAccessToken == c.EnvdAccessToken {
+		t.Errorf("connect after a restart: %d %s (want a new token)", status, body)
+	}
+	hdr[3] = again.EnvdAccessToken
+	if status, body := call(t, "POST", srv2.URL+"/filesystem.Filesystem/ListDir", "", map[string]any{"path": "/"}, hdr...); status != http.StatusOK {
+		t.Errorf("the new access token: %d %s", status, body)
+	}
+}
 
 func newTestGateway(t *testing.T, f *fakeBackend, opts Options) *httptest.Server {
 	t.Helper()

@@ -32,7 +32,8 @@ type sandbox struct {
 	id         string
 	template   string
 	tenant     string
-	token      string
+	token      string   // the access token handed out (empty for a sandbox recovered after a restart, until a connect)
+	tokenHash  []string // SHA-256 (hex) of the tokens in-sandbox calls may carry
 	metadata   map[string]string
 	started    time.Time
 	autoPause  bool
@@ -61,6 +62,9 @@ func (g *Gateway) create(ctx context.Context, tenant string, req newSandboxReque
 	if err != nil {
 		return nil, err
 	}
+	if err := checkMetadata(req.Metadata); err != nil {
+		return nil, err
+	}
 	lr := api.LeaseRequest{EgressPolicy: req.Metadata[MetaEgressPolicy], Env: envList(req.EnvVars)}
 	perCommand := false
 	switch v := req.Metadata[MetaCheckpoint]; v {
@@ -70,23 +74,25 @@ func (g *Gateway) create(ctx context.Context, tenant string, req newSandboxReque
 	default:
 		return nil, fmt.Errorf("metadata %s=%q: want per_command or none: %w", MetaCheckpoint, v, errdefs.ErrInvalidArgument)
 	}
+	sb := g.newSandbox("", req.TemplateID, tenant, "")
+	sb.token = randomToken()
+	sb.tokenHash = []string{tokenHash(sb.token)}
+	sb.autoPause, sb.perCommand = req.AutoPause != nil && *req.AutoPause, perCommand
+	for k, v := range req.Metadata {
+		sb.metadata[k] = v
+	}
+	lr.Labels = sb.leaseLabels()
 	l, err := g.b.Lease(ctx, req.TemplateID, lr)
 	if err != nil {
+		sb.cancel()
 		if errdefs.IsNotFound(err) {
 			return nil, fmt.Errorf("template %q not found (no DeltaBox pool of that name): %w", req.TemplateID, err)
 		}
 		return nil, err
 	}
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	sb := &sandbox{g: g, id: l.ID, template: req.TemplateID, tenant: tenant, token: randomToken(),
-		metadata: req.Metadata, started: time.Now(), autoPause: req.AutoPause != nil && *req.AutoPause,
-		perCommand: perCommand, workdir: l.Workdir, procs: map[uint32]*process{}, nextPid: 1000,
-		watchers: map[string]*watcher{}, ctx: sctx, cancel: cancel}
-	if sb.metadata == nil {
-		sb.metadata = map[string]string{}
-	}
-	if sb.workdir == "" {
-		sb.workdir = "/"
+	sb.id = l.ID
+	if l.Workdir != "" {
+		sb.workdir = l.Workdir
 	}
 	g.mu.Lock()
 	closed := g.closed
@@ -101,6 +107,36 @@ func (g *Gateway) create(ctx context.Context, tenant string, req newSandboxReque
 	sb.setTimeout(timeout)
 	log.L(ctx).Info("e2b sandbox created", "sandbox", sb.id, "template", sb.template, "tenant", tenant, "timeout", timeout)
 	return sb, nil
+}
+
+// Bounds of a sandbox's metadata (it is stored with the lease).
+const (
+	maxMetadataKeys  = 64
+	maxMetadataKey   = 256
+	maxMetadataValue = 64 << 10
+)
+
+func checkMetadata(m map[string]string) error {
+	if len(m) > maxMetadataKeys {
+		return fmt.Errorf("metadata has %d keys, at most %d: %w", len(m), maxMetadataKeys, errdefs.ErrInvalidArgument)
+	}
+	for k, v := range m {
+		if k == "" || len(k) > maxMetadataKey || len(v) > maxMetadataValue {
+			return fmt.Errorf("metadata key %.40q: keys are 1-%d bytes, values at most %d: %w", k, maxMetadataKey, maxMetadataValue, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// newSandbox makes the gateway's record of a sandbox (not yet registered).
+func (g *Gateway) newSandbox(id, template, tenant, workdir string) *sandbox {
+	ctx, cancel := context.WithCancel(context.Background())
+	if workdir == "" {
+		workdir = "/"
+	}
+	return &sandbox{g: g, id: id, template: template, tenant: tenant, metadata: map[string]string{},
+		started: time.Now(), workdir: workdir, procs: map[uint32]*process{}, nextPid: 1000,
+		watchers: map[string]*watcher{}, ctx: ctx, cancel: cancel}
 }
 
 // timeout turns the seconds of a request into a duration (nil: the default).
@@ -219,9 +255,14 @@ func (sb *sandbox) pause(ctx context.Context) error {
 	return nil
 }
 
-// resume thaws a paused sandbox and rearms its timeout; it reports whether it was paused.
+// resume thaws a paused sandbox and rearms its timeout; it reports whether it was paused. A
+// sandbox recovered after a restart gets a new access token (the old one keeps working).
 func (sb *sandbox) resume(ctx context.Context, timeout time.Duration) (bool, error) {
 	sb.mu.Lock()
+	if sb.token == "" {
+		sb.token = randomToken()
+		sb.tokenHash = append(sb.tokenHash, tokenHash(sb.token))
+	}
 	was := sb.paused
 	if sb.gone {
 		sb.mu.Unlock()
@@ -266,7 +307,9 @@ func (sb *sandbox) listed(withToken bool) sandboxListed {
 		out.DiskSizeMB = info.Limits.DiskBytes >> 20
 	}
 	if withToken {
+		sb.mu.Lock()
 		out.EnvdAccessToken = sb.token
+		sb.mu.Unlock()
 	}
 	return out
 }
