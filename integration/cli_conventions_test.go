@@ -85,6 +85,15 @@ func TestCLIConventions(t *testing.T) {
 			}
 		}},
 		{name: "cp both local", args: []string{"cp", "a", "b"}, code: 2, stderr: []string{"cannot both be local"}},
+		// 6. commit --checkpoint protects the work just done.
+		{name: "commit --checkpoint", args: []string{"commit", "--checkpoint", a.ID}, stdout: []string{"committed at checkpoint"}, check: func(t *testing.T, _, _ string) {
+			var cks []api.Checkpoint
+			d.cliJSON(&cks, "checkpoint", "ls", a.ID)
+			last := cks[len(cks)-1]
+			if last.Message != "commit --checkpoint" || !last.Committed {
+				t.Fatalf("latest checkpoint %+v: want the one commit --checkpoint took, committed", last)
+			}
+		}},
 		// 2. output like kubectl.
 		{name: "-o json after the verb", args: []string{"ls", "-o", "json"}, check: func(t *testing.T, out, _ string) {
 			var sbs []api.Sandbox

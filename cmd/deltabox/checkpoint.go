@@ -123,11 +123,24 @@ func rollbackCommand() *cli.Command {
 func commitCommand() *cli.Command {
 	return &cli.Command{
 		Name: "commit", Usage: "send the sandbox's held effects and set its commit point", ArgsUsage: "ID",
+		Description: "The commit point is the latest checkpoint: work done since is not protected and effects held\n" +
+			"since stay held. --checkpoint takes a checkpoint of the current state first and commits up to it.\n" +
+			"It is not the default: a commit is retried after failures and a second commit sends nothing again,\n" +
+			"which holds only if a retry does not take new state; and it keeps the CLI's commit the API's.",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "checkpoint", Aliases: []string{"c"}, Usage: "checkpoint the current state first and commit up to it"},
+		},
 		Action: func(c *cli.Context) error {
 			if err := exactArgs(c, 1, "ID"); err != nil {
 				return err
 			}
-			res, err := newClient(c).Commit(c.Context, c.Args().First())
+			cl, id := newClient(c), c.Args().First()
+			if c.Bool("checkpoint") {
+				if _, err := cl.Checkpoint(c.Context, id, api.CheckpointRequest{Message: "commit --checkpoint"}); err != nil {
+					return fmt.Errorf("checkpoint before the commit: %w", err)
+				}
+			}
+			res, err := cl.Commit(c.Context, id)
 			if err != nil {
 				return err
 			}
