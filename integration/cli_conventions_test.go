@@ -94,6 +94,17 @@ func TestCLIConventions(t *testing.T) {
 				t.Fatalf("latest checkpoint %+v: want the one commit --checkpoint took, committed", last)
 			}
 		}},
+		// 7. progress: pool create --wait waits for min_ready, with progress lines in JSON.
+		{name: "pool create --wait", args: []string{"-o", "json", "pool", "create", "waited", "--image", busyboxImage, "--min-ready", "2", "--wait"}, check: func(t *testing.T, out, _ string) {
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if !strings.Contains(lines[0], `"phase":"ready"`) {
+				t.Fatalf("no progress line first: %s", out)
+			}
+			var p api.PoolInfo
+			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &p); err != nil || p.Ready < 2 {
+				t.Fatalf("pool create --wait answered %v (ready %d), want 2 ready\n%s", err, p.Ready, out)
+			}
+		}},
 		// 2. output like kubectl.
 		{name: "-o json after the verb", args: []string{"ls", "-o", "json"}, check: func(t *testing.T, out, _ string) {
 			var sbs []api.Sandbox

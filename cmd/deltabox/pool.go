@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/docker/go-units"
@@ -43,6 +45,8 @@ func poolCreateCommand() *cli.Command {
 			&cli.StringFlag{Name: "workdir", Usage: "default working directory of exec"},
 			&cli.StringSliceFlag{Name: "label", Usage: "K=V label (repeatable)"},
 			&cli.StringFlag{Name: "egress-policy", Usage: "egress policy YAML file"},
+			&cli.BoolFlag{Name: "wait", Usage: "wait until min-ready sandboxes are ready (a bar on a terminal, progress lines with -o json)"},
+			&cli.DurationFlag{Name: "wait-timeout", Value: 5 * time.Minute, Usage: "give up waiting after this long"},
 		},
 		Action: poolCreate,
 	}
@@ -77,7 +81,45 @@ func poolCreate(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.Bool("wait") {
+		if p, err = waitReady(c, p, c.Duration("wait-timeout")); err != nil {
+			return err
+		}
+		if jsonOutput(c) { // JSON lines: the progress lines, then the pool on one line
+			return printStreamResult(c, p, nil)
+		}
+	}
 	return printResult(c, p, func(w io.Writer) { printPools(w, []api.PoolInfo{p}) })
+}
+
+// waitReady polls the pool until min_ready sandboxes are ready, reporting progress as
+// snapshot transfers do (phase "ready", done/total in sandboxes).
+func waitReady(c *cli.Context, p api.PoolInfo, timeout time.Duration) (api.PoolInfo, error) {
+	progress := progressPrinter(c)
+	deadline := time.Now().Add(timeout)
+	last := -1
+	for {
+		if progress != nil && p.Ready != last && p.MinReady > 0 {
+			progress(api.Progress{Phase: "ready", Blob: p.Name, Done: int64(min(p.Ready, p.MinReady)), Total: int64(p.MinReady)})
+			last = p.Ready
+		}
+		if p.Ready >= p.MinReady {
+			return p, nil
+		}
+		if time.Now().After(deadline) {
+			return p, fmt.Errorf("pool %q: %d of %d sandboxes ready after %s (see the daemon's log for why they fail): %w",
+				p.Name, p.Ready, p.MinReady, timeout, context.DeadlineExceeded)
+		}
+		select {
+		case <-c.Context.Done():
+			return p, c.Context.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		var err error
+		if p, err = newClient(c).Pool(c.Context, p.Name); err != nil {
+			return p, err
+		}
+	}
 }
 
 func poolList(c *cli.Context) error {

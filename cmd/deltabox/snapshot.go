@@ -63,7 +63,11 @@ func progressPrinter(c *cli.Context) func(api.Progress) {
 			pct = int(p.Done * 100 / p.Total)
 		}
 		bar := fmt.Sprintf("%-20s", string([]rune("####################")[:pct/5]))
-		fmt.Fprintf(c.App.ErrWriter, "\r%-9s %-22s [%s] %3d%% %s", p.Phase, p.Blob, bar, pct, humanBytes(p.Total))
+		amount := humanBytes(p.Total)
+		if p.Phase == "ready" { // pool create --wait counts sandboxes
+			amount = fmt.Sprintf("%d/%d sandboxes", p.Done, p.Total)
+		}
+		fmt.Fprintf(c.App.ErrWriter, "\r%-9s %-22s [%s] %3d%% %s", p.Phase, p.Blob, bar, pct, amount)
 		if pct == 100 {
 			fmt.Fprintln(c.App.ErrWriter)
 		}
