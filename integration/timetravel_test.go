@@ -108,3 +108,68 @@ func TestTimeTravelMCTS(t *testing.T) {
 		t.Errorf("inspect lease: %v", err)
 	}
 }
+
+// TestTimeTravelLookWithoutMoving: the step record and storyboard (log), a file and the
+// state as of a checkpoint (show, state get --at), without moving the sandbox; show never
+// follows a symlink the sandbox made; a lease labelled deltabox.steps=off records no steps.
+func TestTimeTravelLookWithoutMoving(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1)
+	id := d.lease("bb").ID
+	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /w && echo one > /w/f")
+	d.cli("state", "patch", id, `[{"op":"add","path":"/at","value":"one"}]`)
+	d.cli("checkpoint", "create", id, "--name", "one")
+	if _, _, code := d.cliRaw("exec", id, "--", "sh", "-c", "echo two > /w/f; echo oops >&2; ln -s /etc /w/link; exit 3"); code == 0 {
+		t.Fatal("exec exit 3 not passed on")
+	}
+	d.cli("state", "patch", id, `[{"op":"replace","path":"/at","value":"two"}]`)
+	d.cli("checkpoint", "create", id, "--name", "two")
+	for ref, want := range map[string]string{"one:/w/f": "one\n", "two:/w/f": "two\n", "@:w/f": "two\n", "@~1:/w/f": "one\n"} {
+		if got := d.cli("show", id, ref); got != want {
+			t.Errorf("show %s: %q, want %q", ref, got, want)
+		}
+	}
+	if got := d.cli("show", id, "lease:/etc/passwd"); !strings.Contains(got, "root:") {
+		t.Errorf("show of a lower-layer file: %q", got)
+	}
+	cl, ctx := d.client(), context.Background()
+	var sink strings.Builder
+	for _, p := range []string{"/w/link/passwd", "/w/missing", "/../../etc/shadow"} {
+		if _, err := cl.ShowFile(ctx, id, "two", p, &sink); !errdefs.IsNotFound(err) {
+			t.Errorf("show two:%s: %v, want not_found (never through a symlink, never outside the tree)", p, err)
+		}
+	}
+	if _, err := cl.ShowFile(ctx, id, "nope", "/w/f", &sink); !errdefs.IsNotFound(err) {
+		t.Errorf("show from an unknown checkpoint: %v", err)
+	}
+	if got := d.cli("state", "get", id, "/at", "--at", "one"); strings.TrimSpace(got) != `"one"` {
+		t.Errorf("state get --at one: %q", got)
+	}
+	if d.stateDoc(id) != `{"at":"two"}` || d.checkpointHead(id) != "3" {
+		t.Fatalf("looking moved the sandbox: state %s head %s", d.stateDoc(id), d.checkpointHead(id))
+	}
+	var sb api.Storyboard
+	d.cliJSON(&sb, "log", id)
+	if len(sb.Entries) != 3 || sb.Head != "3" {
+		t.Fatalf("storyboard: %+v", sb)
+	}
+	lease, one := sb.Entries[0], sb.Entries[1]
+	if len(lease.Steps) != 1 || lease.Steps[0].Argv[2] != "mkdir -p /w && echo one > /w/f" || lease.Steps[0].Exit == nil || lease.Steps[0].Exit.Code != 0 {
+		t.Errorf("steps after the lease checkpoint: %+v", lease.Steps)
+	}
+	if len(one.Steps) != 1 || one.Steps[0].Exit == nil || one.Steps[0].Exit.Code != 3 || one.Steps[0].StderrHead != "oops\n" {
+		t.Errorf("steps after checkpoint one: %+v", one.Steps)
+	}
+	if len(sb.Entries[2].StateOps) != 1 || !strings.Contains(string(sb.Entries[2].StateOps[0].Op), `"two"`) {
+		t.Errorf("state ops leading to checkpoint two: %+v", sb.Entries[2].StateOps)
+	}
+	if out := d.cli("log", id); !strings.Contains(out, "exit 3") || !strings.Contains(out, "! oops") {
+		t.Errorf("log:\n%s", out)
+	}
+	quiet := d.lease("bb", "--label", "deltabox.steps=off").ID
+	d.cli("exec", quiet, "--", "true")
+	d.cliJSON(&sb, "log", quiet)
+	if len(sb.Entries) != 1 || len(sb.Entries[0].Steps) != 0 {
+		t.Errorf("steps recorded with deltabox.steps=off: %+v", sb.Entries)
+	}
+}

@@ -25,8 +25,9 @@ func (o *Orchestrator) exec(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	body := bufio.NewReaderSize(r.Body, 64<<10)
 	req, err := readExecRequest(body)
+	var s *session
 	if err == nil { // the sandbox's first checkpoint must be taken before anything runs
-		_, err = o.session(ctx, id)
+		s, err = o.session(ctx, id)
 	}
 	if err != nil {
 		writeError(ctx, w, err)
@@ -40,16 +41,23 @@ func (o *Orchestrator) exec(w http.ResponseWriter, r *http.Request) {
 	if req.Stdin {
 		stdin = body
 	}
+	step := o.beginStep(s, req)
+	stdout, stderr := ew.stream(false), ew.stream(true)
+	if step != nil {
+		stdout, stderr = &teeWriter{w: stdout, c: step.stdout}, &teeWriter{w: stderr, c: step.stderr}
+	}
 	st, err := o.pools.Exec(ctx, id, pool.ExecRequest{
 		Argv: req.Argv, Env: req.Env, Workdir: req.Workdir, User: req.User,
 		Timeout: time.Duration(req.TimeoutMS * float64(time.Millisecond)), OutputCap: req.OutputCap, Tag: req.Tag, Via: req.Via,
-	}, stdin, ew.stream(false), ew.stream(true))
+	}, stdin, stdout, stderr)
 	if err != nil {
+		o.endStep(ctx, s, step, nil, err)
 		code, _ := api.FromError(err)
 		ew.send(api.ExecEvent{Error: &api.Error{Code: code, Message: err.Error()}})
 		return
 	}
 	exit := apiExitStatus(st)
+	o.endStep(ctx, s, step, &exit, nil)
 	ew.send(api.ExecEvent{Exit: &exit})
 }
 

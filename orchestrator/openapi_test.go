@@ -195,6 +195,7 @@ func TestOpenAPISchemasMatchTheWireTypes(t *testing.T) {
 		"RetryEffectsRequest": api.RetryEffectsRequest{}, "RetryEffectsResult": api.RetryEffectsResult{},
 		"SnapshotRequest": api.SnapshotRequest{}, "RestoreRequest": api.RestoreRequest{},
 		"Snapshot": api.Snapshot{}, "Progress": api.Progress{}, "StreamEvent": api.StreamEvent{},
+		"Storyboard": api.Storyboard{}, "Step": api.Step{},
 	}
 	for name, v := range types {
 		s, ok := schemas[name]

@@ -41,6 +41,8 @@ type Options struct {
 	Metrics           *prometheus.Registry
 	Retain            int              // checkpoints kept per sandbox, whole tree (default 64)
 	RetainBranch      int              // checkpoints kept on a path from the first one to a branch tip (default Retain)
+	StepMax           int              // exec records kept per sandbox (default 2000; -1: none recorded)
+	StepOutputBytes   int              // first and last bytes of each output stream kept per exec record (default 2048)
 	L2Every           int              // after this many L1 checkpoints in a row the next is L2 (0: never)
 	WalkUpperDirs     bool             // captures walk the upper dir instead of using the change tracker
 	Network           *network.Options // sandbox networking; nil: loopback only
@@ -83,6 +85,12 @@ func (o *Options) setDefaults() {
 	}
 	if o.Retain == 0 {
 		o.Retain = 64
+	}
+	if o.StepMax == 0 {
+		o.StepMax = 2000
+	}
+	if o.StepOutputBytes <= 0 {
+		o.StepOutputBytes = 2048
 	}
 	if o.RetainBranch == 0 || o.RetainBranch > o.Retain {
 		o.RetainBranch = o.Retain

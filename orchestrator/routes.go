@@ -39,6 +39,7 @@ func (o *Orchestrator) routes(mux *http.ServeMux) {
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", handle(o.copyTo))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", o.copyFrom)
 	o.checkpointRoutes(mux, "/v1/sandboxes/{id}", false)
+	o.timeTravelRoutes(mux)
 	o.effectRoutes(mux)
 	o.snapshotRoutes(mux)
 }
@@ -58,6 +59,9 @@ func (o *Orchestrator) checkpointRoutes(mux *http.ServeMux, prefix string, inSan
 		return o.Diff(r.Context(), r.PathValue("id"), q.Get("from"), q.Get("to"))
 	}))
 	mux.HandleFunc("GET "+prefix+"/state", handle(func(r *http.Request) (any, error) {
+		if at := r.URL.Query().Get("at"); at != "" { // as of a checkpoint (docs/time-travel.md)
+			return o.StateAt(r.Context(), r.PathValue("id"), at, r.URL.Query().Get("pointer"))
+		}
 		return o.StateGet(r.Context(), r.PathValue("id"), r.URL.Query().Get("pointer"))
 	}))
 	mux.HandleFunc("POST "+prefix+"/state", handle(o.statePatch))

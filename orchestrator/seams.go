@@ -34,6 +34,7 @@ type fileStore interface {
 	Delete(ctx context.Context, id string, merge ...overlay.MetaMerge) error
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error
+	ReadFile(ctx context.Context, id, path string, w io.Writer) (overlay.FileInfo, error)
 	Verify(ctx context.Context, id, merged string, opts ...overlay.VerifyOption) ([]overlay.Mismatch, error)
 	Scrub(ctx context.Context) ([]overlay.Damage, error)
 	Close() error

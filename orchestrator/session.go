@@ -43,6 +43,7 @@ type session struct {
 	inherited []api.Checkpoint
 	frz       freezer
 	intents   *intentLog
+	steps     *stepLog                 // the step record (steps.go)
 	pending   *rollbackIntent          // a rollback that failed after it began; finished before anything else
 	openRoot  func() (*os.File, error) // the sandbox's root (default sb.OpenRoot; fakes in tests)
 	// tpls are the process templates of checkpoints taken with processes, by checkpoint ID
@@ -70,7 +71,7 @@ func (o *Orchestrator) startSession(ctx context.Context, sb pool.Sandbox) *sessi
 // startSessionWith is startSession for a restored sandbox, whose session starts from seed
 // (agent state, first checkpoint ID, inherited history).
 func (o *Orchestrator) startSessionWith(ctx context.Context, sb pool.Sandbox, seed *sessionSeed) *session {
-	s := &session{id: sb.ID, sb: sb, dir: o.sessionDir(sb.ID), rec: records{dir: o.sessionDir(sb.ID)},
+	s := &session{id: sb.ID, sb: sb, dir: o.sessionDir(sb.ID), rec: records{dir: o.sessionDir(sb.ID)}, steps: newStepLog(o.sessionDir(sb.ID)),
 		frz: pool.NewFreezer(sb.Layout.Cgroup), ready: make(chan struct{})}
 	o.mu.Lock()
 	o.sessions[sb.ID] = s

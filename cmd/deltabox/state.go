@@ -15,6 +15,7 @@ func stateCommand() *cli.Command {
 		Usage: "read and patch a sandbox's agent state (a JSON document)",
 		Subcommands: []*cli.Command{{
 			Name: "get", Usage: "print the document, or the value at an RFC 6901 pointer", ArgsUsage: "ID [POINTER]",
+			Flags:  []cli.Flag{&cli.StringFlag{Name: "at", Usage: "as of a checkpoint (ID, name, @, @~N or lease), without moving the sandbox"}},
 			Action: stateGet,
 		}, {
 			Name: "patch", Usage: "apply RFC 6902 ops (plus append) from an argument or - for stdin; all or none",
@@ -36,7 +37,13 @@ func stateGet(c *cli.Context) error {
 	if c.NArg() < 1 || c.NArg() > 2 {
 		return usagef("state get takes ID [POINTER]")
 	}
-	v, err := newClient(c).StateGet(c.Context, c.Args().Get(0), c.Args().Get(1))
+	var v json.RawMessage
+	var err error
+	if at := c.String("at"); at != "" {
+		v, err = newClient(c).StateAt(c.Context, c.Args().Get(0), at, c.Args().Get(1))
+	} else {
+		v, err = newClient(c).StateGet(c.Context, c.Args().Get(0), c.Args().Get(1))
+	}
 	if err != nil {
 		return err
 	}
