@@ -242,3 +242,67 @@ func TestProcessTemplatesFromInside(t *testing.T) {
 	// Release with templates alive: nothing stays behind.
 	d.cli("release", id)
 }
+
+// TestProcessTemplatesDaemonKill kills the daemon with templates alive: the kernel kills
+// them with it (PTRACE_O_EXITKILL), so after the restart no stopped process is left in the
+// sandbox, the sandbox runs, the checkpoint says its templates are gone, and a rollback to
+// it restores the files, leaves the processes running as they are and lists them as lost.
+func TestProcessTemplatesDaemonKill(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("py", pythonImage, 1)
+	id := d.lease("py").ID
+	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /work && cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
+	py := startPiped(d, id, "py", "python3 /repl.py")
+	py.ask("v = 1")
+	var ck api.Checkpoint
+	d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+	if len(ck.Processes) != 1 || ck.Processes[0].Kept != api.KeptTemplate {
+		t.Fatalf("checkpoint processes: %+v", ck.Processes)
+	}
+	py.ask("v = 2")
+	d.cli("exec", id, "--", "sh", "-c", "echo after > /work/f")
+	stopped := `for p in /proc/[0-9]*; do [ "$(sed 's/.*) //' $p/stat 2>/dev/null | cut -c1)" = t ] && echo ${p#/proc/}; done; true`
+	if out := d.cli("exec", id, "--", "sh", "-c", stopped); strings.TrimSpace(out) == "" {
+		t.Fatal("no template before the kill")
+	}
+	d.kill()
+	d.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := strings.TrimSpace(d.cli("exec", id, "--", "sh", "-c", stopped))
+		if out == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stopped processes left after the daemon's restart: %s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := py.ask("v"); got != "2" {
+		t.Fatalf("the REPL after the restart: v = %s, want 2 (it runs on)", got)
+	}
+	var insp api.Checkpoint
+	d.cliJSON(&insp, "checkpoint", "inspect", id, ck.ID)
+	if len(insp.Processes) != 1 || insp.Processes[0].Kept != api.KeptNone || !strings.Contains(insp.Processes[0].Reason, "gone") {
+		t.Errorf("checkpoint after the restart: %+v", insp.Processes)
+	}
+	var rb api.RollbackResult
+	d.cliJSON(&rb, "rollback", id, "--to", ck.ID)
+	if rb.ProcessesRestored != 0 || len(rb.ProcessesLost) != 1 || rb.ProcessesStopped != 0 {
+		t.Errorf("rollback after the restart: %+v", rb)
+	}
+	if got := py.ask("v"); got != "2" {
+		t.Errorf("the REPL after the rollback: v = %s, want 2 (left running as it is)", got)
+	}
+	if out := d.cli("exec", id, "--", "sh", "-c", "cat /work/f 2>/dev/null || echo none"); strings.TrimSpace(out) != "none" {
+		t.Errorf("file after the rollback: %q", out)
+	}
+	// A new checkpoint with processes works after the restart.
+	d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+	py.ask("v = 3")
+	rb = api.RollbackResult{}
+	d.cliJSON(&rb, "rollback", id, "--to", ck.ID)
+	if got := py.ask("v"); rb.ProcessesRestored != 1 || got != "2" {
+		t.Errorf("rollback to a checkpoint taken after the restart: %+v, v = %s", rb, got)
+	}
+}

@@ -185,12 +185,14 @@ func (s *session) withoutTemplates(procs []pool.Proc) []pool.Proc {
 	return out
 }
 
-// killAllButInit SIGKILLs every process of the (frozen) sandbox but its init and the
-// templates, before a rollback to a checkpoint with processes starts its copies.
-func killAllButInit(frz freezer, now []pool.Proc, init int) int {
+// killForCopies SIGKILLs every process of the (frozen) sandbox (the templates excluded from
+// now) before a rollback to a checkpoint with processes starts its copies, but its init and
+// the processes of the checkpoint that no template can bring back (keep): those run on as
+// they are, as in a rollback of files only.
+func killForCopies(frz freezer, now []pool.Proc, keep map[pool.Proc]bool, init int) int {
 	var pids []int
 	for _, p := range now {
-		if p.Pid != init {
+		if p.Pid != init && !keep[p] {
 			pids = append(pids, p.Pid)
 		}
 	}
@@ -198,6 +200,18 @@ func killAllButInit(frz freezer, now []pool.Proc, init int) int {
 		return 0
 	}
 	return frz.Kill(pids)
+}
+
+// unrestorable returns the processes of a checkpoint with processes that have no live
+// template (the daemon restarted, the template was killed or evicted, or none was made).
+func (s *session) unrestorable(target ckptRecord) map[pool.Proc]bool {
+	out := map[pool.Proc]bool{}
+	for _, e := range target.ProcCkpt.Procs {
+		if tp := s.tpls[target.ID][e.Pid]; e.Kept != api.KeptTemplate || tp == nil || !tp.Alive() {
+			out[e.Proc] = true
+		}
+	}
+	return out
 }
 
 // restoreProcessCheckpoint starts a fresh copy of each process the target keeps as a
@@ -212,6 +226,7 @@ func (o *Orchestrator) restoreProcessCheckpoint(ctx context.Context, s *session,
 	for _, e := range target.ProcCkpt.Procs {
 		lost := api.CheckpointProcess{Pid: e.NSPid, Comm: e.Comm, Kept: e.Kept, Reason: e.Reason}
 		if e.Kept != api.KeptTemplate {
+			lost.Reason += "; if it still ran, it was left running as it is"
 			res.ProcessesLost = append(res.ProcessesLost, lost)
 			continue
 		}
@@ -230,6 +245,7 @@ func (o *Orchestrator) restoreProcessCheckpoint(ctx context.Context, s *session,
 				continue
 			}
 		}
+		lost.Reason += "; if it still ran, it was left running as it is"
 		res.ProcessesLost = append(res.ProcessesLost, lost)
 	}
 	log.L(ctx).Debug("processes restored from templates", "sandbox", s.id, "checkpoint", target.ID,

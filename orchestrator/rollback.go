@@ -205,8 +205,8 @@ var errNothingChanged = errors.New("nothing was changed")
 // they may never be committed). The sandbox is frozen.
 func (o *Orchestrator) stopNewer(ctx context.Context, s *session, in rollbackIntent, target ckptRecord, procs []pool.Proc, res *api.RollbackResult) error {
 	var err error
-	if target.ProcCkpt != nil { // every process goes: copies of the templates replace them
-		res.ProcessesStopped = killAllButInit(s.frz, procs, int(s.sb.InitPid))
+	if target.ProcCkpt != nil { // copies of the templates replace the processes
+		res.ProcessesStopped = killForCopies(s.frz, procs, s.unrestorable(target), int(s.sb.InitPid))
 	} else if res.ProcessesStopped, err = killNewer(s.frz, procs, target.Procs, int(s.sb.InitPid)); err != nil {
 		return err
 	}
