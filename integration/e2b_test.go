@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/deltabox/deltabox/internal/testutil"
 )
@@ -107,5 +110,80 @@ func TestE2BSDK(t *testing.T) {
 	}
 	if strings.Contains(string(out), "# skipped") && !strings.Contains(string(out), "# skipped 0") {
 		t.Errorf("the e2b SDK suite skipped tests")
+	}
+}
+
+// e2bCall makes one request to the gateway and decodes a JSON answer into out (if not nil).
+func (g *e2bGateway) e2bCall(t *testing.T, method, path, body string, out any, hdr ...string) int {
+	t.Helper()
+	req, err := http.NewRequest(method, g.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			t.Fatalf("%s %s: decode: %v", method, path, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// TestE2BRestart: a sandbox created through the E2B API survives a daemon restart with its
+// owner, access token and files; another tenant still cannot reach it.
+func TestE2BRestart(t *testing.T) {
+	g := startE2BDaemon(t, "e2b", 1)
+	var c struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	if st := g.e2bCall(t, "POST", "/v2/sandboxes", `{"templateID":"e2b","metadata":{"k":"v"}}`, &c, "X-API-KEY", g.key); st != http.StatusCreated {
+		t.Fatalf("create: %d", st)
+	}
+	envd := []string{"E2b-Sandbox-Id", c.SandboxID, "X-Access-Token", c.EnvdAccessToken}
+	if st := g.e2bCall(t, "POST", "/files?path=/tmp/kept.txt", "kept", nil, append(envd, "Content-Type", "application/octet-stream")...); st != http.StatusOK {
+		t.Fatalf("upload: %d", st)
+	}
+	g.stop()
+	g.start()
+	testutil.WaitFor(t, 10*time.Second, 20*time.Millisecond, "the E2B listener after the restart", func() bool {
+		resp, err := http.Get(g.url + "/health")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	})
+	var info struct {
+		State    string            `json:"state"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	if st := g.e2bCall(t, "GET", "/sandboxes/"+c.SandboxID, "", &info, "X-API-KEY", g.key); st != http.StatusOK || info.State != "running" || info.Metadata["k"] != "v" {
+		t.Fatalf("info after the restart: %d %+v", st, info)
+	}
+	if st := g.e2bCall(t, "GET", "/sandboxes/"+c.SandboxID, "", nil, "X-API-KEY", g.otherKey); st != http.StatusNotFound {
+		t.Errorf("the other tenant after the restart: %d, want 404", st)
+	}
+	req, _ := http.NewRequest("GET", g.url+"/files?path=/tmp/kept.txt", nil)
+	req.Header.Set(envd[0], envd[1])
+	req.Header.Set(envd[2], envd[3])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(data) != "kept" {
+		t.Errorf("the file after the restart: %d %q", resp.StatusCode, data)
+	}
+	if st := g.e2bCall(t, "DELETE", "/sandboxes/"+c.SandboxID, "", nil, "X-API-KEY", g.key); st != http.StatusNoContent {
+		t.Errorf("kill after the restart: %d", st)
 	}
 }
