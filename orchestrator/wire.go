@@ -13,12 +13,14 @@ import (
 
 func poolTemplate(t api.Template) pool.Template {
 	return pool.Template{Name: t.Name, Image: t.Image, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, Pids: t.Pids, DiskBytes: t.DiskBytes,
-		Env: t.Env, Workdir: t.Workdir, Labels: t.Labels, EgressPolicy: t.EgressPolicy, MinReady: t.MinReady, Max: t.Max}
+		Env: t.Env, Workdir: t.Workdir, Labels: t.Labels, EgressPolicy: t.EgressPolicy, MinReady: t.MinReady, Max: t.Max,
+		NoUserNamespace: t.NoUserNamespace}
 }
 
 func apiTemplate(t pool.Template) api.Template {
 	return api.Template{Name: t.Name, Image: t.Image, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, Pids: t.Pids, DiskBytes: t.DiskBytes,
-		Env: t.Env, Workdir: t.Workdir, Labels: t.Labels, EgressPolicy: t.EgressPolicy, MinReady: t.MinReady, Max: t.Max}
+		Env: t.Env, Workdir: t.Workdir, Labels: t.Labels, EgressPolicy: t.EgressPolicy, MinReady: t.MinReady, Max: t.Max,
+		NoUserNamespace: t.NoUserNamespace}
 }
 
 func apiPoolInfo(p pool.PoolInfo) api.PoolInfo {
@@ -31,7 +33,11 @@ func apiLimits(l pool.Limits) api.Limits {
 }
 
 func apiIsolation(i pool.Isolation) api.Isolation {
-	return api.Isolation{Seccomp: i.Seccomp, Capabilities: i.Capabilities, UserNamespace: i.UserNamespace}
+	out := api.Isolation{Seccomp: i.Seccomp, Capabilities: i.Capabilities, UserNamespace: i.UserNamespace}
+	if m := i.IDMapping; m != nil {
+		out.IDMapping = &api.IDMapping{ContainerID: m.ContainerID, HostID: m.HostID, Size: m.Size}
+	}
+	return out
 }
 
 func apiPoolInfos(ps []pool.PoolInfo) []api.PoolInfo {

@@ -24,7 +24,7 @@ func (m *Manager) root(id string) (*rootfs.Root, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return rootfs.Open(FDPath(f))
+	return rootfs.Open(FDPath(f), rootfs.WithIDMap(sb.Isolation.IDMapping.rootfsMap()))
 }
 
 // CopyTo extracts a tar stream into a leased sandbox at dest (docker-cp semantics).

@@ -39,11 +39,33 @@ type Isolation struct {
 	Seccomp       string   `json:"seccomp"`        // seccomp profile name ("" = none)
 	Capabilities  []string `json:"capabilities"`   // bounding = effective = permitted set
 	UserNamespace bool     `json:"user_namespace"` // root in the sandbox is not root on the host
+	// IDMapping is a sandbox's user namespace mapping (uids and gids alike); nil for a pool
+	// and for a sandbox without a user namespace.
+	IDMapping *IDMapping `json:"id_mapping,omitempty"`
 }
 
-// SandboxIsolation returns the isolation every sandbox of this build gets.
+// SandboxIsolation returns the isolation every sandbox of this build gets by default (a pool
+// may opt out of the user namespace: PoolIsolation).
 func SandboxIsolation() Isolation {
-	return Isolation{Seccomp: SeccompProfile, Capabilities: slices.Clone(sandboxCaps)}
+	return Isolation{Seccomp: SeccompProfile, Capabilities: slices.Clone(sandboxCaps), UserNamespace: true}
+}
+
+// PoolIsolation is the isolation of t's sandboxes.
+func PoolIsolation(t *Template) Isolation {
+	i := SandboxIsolation()
+	i.UserNamespace = !t.NoUserNamespace
+	return i
+}
+
+// isolationOf is the isolation of one sandbox: its pool's, and its own id mapping.
+func isolationOf(t *Template, inst *instance) Isolation {
+	i := PoolIsolation(t)
+	i.UserNamespace = inst.ids != nil // the sandbox's own, whatever its pool says now
+	if inst.ids != nil {
+		m := *inst.ids
+		i.IDMapping = &m
+	}
+	return i
 }
 
 // isolationSpec sets a private cgroup namespace (the sandbox sees its own cgroup as

@@ -289,7 +289,7 @@ func (m *Manager) view(p *pool, sb *sandbox) Sandbox {
 	}
 	if p != nil {
 		v.Image, v.Workdir = p.t.Image, p.t.Workdir
-		v.Limits, v.Isolation = p.t.limits().Over(m.opts.Defaults), SandboxIsolation()
+		v.Limits, v.Isolation = p.t.limits().Over(m.opts.Defaults), isolationOf(&p.t, sb.inst)
 		v.Labels = mergeLabels(p.t.Labels, v.Labels)
 		if v.EgressPolicy == "" {
 			v.EgressPolicy = p.t.EgressPolicy

@@ -122,7 +122,7 @@ func NewManager(ctx context.Context, client *containerd.Client, opts Options) (*
 		pools: map[string]*pool{}, leased: map[string]*sandbox{}, quarantine: map[string]*Quarantined{},
 		rt: &runtime{client: client, snapshotter: opts.Snapshotter, runtimeName: opts.Runtime,
 			initBin: opts.InitBinary, dir: filepath.Join(opts.Root, "containers"), node: opts.Node,
-			net: opts.Network, specOpts: opts.SpecOpts, defaults: opts.Defaults},
+			net: opts.Network, specOpts: opts.SpecOpts, defaults: opts.Defaults, ids: newIDRanges()},
 	}
 	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if m.metrics, err = newMetrics(m, opts.Metrics); err != nil {
@@ -296,7 +296,7 @@ type PoolInfo struct {
 
 func (m *Manager) info(p *pool) PoolInfo {
 	return PoolInfo{Template: p.t, Ready: len(p.ready), Creating: p.creating, Leased: p.leased,
-		Limits: p.t.limits().Over(m.opts.Defaults), Isolation: SandboxIsolation()}
+		Limits: p.t.limits().Over(m.opts.Defaults), Isolation: PoolIsolation(&p.t)}
 }
 
 // Defaults returns the limits of sandboxes whose template sets none.

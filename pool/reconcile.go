@@ -45,6 +45,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		return fmt.Errorf("list containers: %w", err)
 	}
 	for _, c := range containers {
+		m.rt.claimIDs(ctx, c)
 		rec, ok := byCID[c.ID()]
 		delete(byCID, c.ID())
 		claim, claimed := claims[c.ID()]
@@ -192,6 +193,9 @@ func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance,
 	}
 	inst := m.rt.newInstance(c.ID(), task.Pid())
 	if inst.layout, err = m.rt.layoutOf(ctx, c); err != nil {
+		return nil, err
+	}
+	if inst.ids, err = idsOf(ctx, c); err != nil {
 		return nil, err
 	}
 	if m.rt.net != nil {

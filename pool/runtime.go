@@ -47,12 +47,13 @@ type runtime struct {
 	node        string
 	net         Network
 	specOpts    func(cid, dir string) ([]oci.SpecOpts, error)
-	defaults    Limits // limits of sandboxes whose template sets none
+	defaults    Limits    // limits of sandboxes whose template sets none
+	ids         *idRanges // host id ranges of the sandboxes' user namespaces
 }
 
 // Network gives sandboxes their network namespaces (implemented by pool/network).
 type Network interface {
-	Setup(ctx context.Context, id string) (network.Attachment, error)
+	Setup(ctx context.Context, id string, opts ...network.SetupOpt) (network.Attachment, error)
 	Lookup(ctx context.Context, id string) (network.Attachment, error)
 	Teardown(ctx context.Context, id string) error
 	Reconcile(ctx context.Context, keep func(id string) bool) ([]string, error)
@@ -66,6 +67,7 @@ type instance struct {
 	init   *initproto.Client
 	layout Layout
 	ip     netip.Addr              // the sandbox's address (zero without a Network)
+	ids    *IDMapping              // its user namespace's mapping (nil: none, host ids)
 	ref    atomic.Pointer[initRef] // the init held by pidfd and root fd (initref.go)
 }
 
@@ -174,6 +176,9 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string, start Res
 			r.cleanup(ctx, cid)
 		}
 	}()
+	if err := r.allocateIDs(t, inst); err != nil {
+		return nil, err
+	}
 	disk := r.prepareDisk(ctx, cid, t.limits().Over(r.defaults).DiskBytes) // while the rest is set up
 	defer disk.wait()                                                      // never leave mkfs behind
 	opts, err := r.containerSpec(ctx, img, t, inst)
@@ -183,7 +188,7 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string, start Res
 	c, err := r.client.NewContainer(ctx, cid,
 		containerd.WithImage(img),
 		containerd.WithSnapshotter(r.snapshotter),
-		containerd.WithNewSnapshot(cid, img),
+		containerd.WithNewSnapshot(cid, img, inst.snapshotOpts()...),
 		containerd.WithRuntime(r.runtimeName, nil),
 		containerd.WithNewSpec(opts...),
 		containerd.WithContainerLabels(map[string]string{LabelManaged: "true", LabelNode: r.node, LabelPool: t.Name}))
@@ -249,8 +254,18 @@ func (r *runtime) waitInit(ctx context.Context, inst *instance) error {
 // namespace (set up here) and the caller's extras.
 func (r *runtime) containerSpec(ctx context.Context, img containerd.Image, t *Template, inst *instance) ([]oci.SpecOpts, error) {
 	opts := r.templateSpec(img, t, inst.cid, inst.runDir)
+	var netOpts []network.SetupOpt
+	if inst.ids != nil {
+		h, err := r.makeUserNS(inst.cid, *inst.ids)
+		if err != nil {
+			return nil, fmt.Errorf("user namespace for %s: %w", inst.cid, err)
+		}
+		defer h.stop()
+		opts = append(opts, userNSSpec(r.userNSPath(inst.cid), *inst.ids)...)
+		netOpts = append(netOpts, network.WithNetNSOf(h.pid()))
+	}
 	if r.net != nil {
-		att, err := r.net.Setup(ctx, inst.cid)
+		att, err := r.net.Setup(ctx, inst.cid, netOpts...)
 		if err != nil {
 			return nil, fmt.Errorf("network for %s: %w", inst.cid, err)
 		}
@@ -311,6 +326,10 @@ func (r *runtime) destroy(ctx context.Context, cid string) error {
 			return fmt.Errorf("tear down network of %s: %w", cid, err)
 		}
 	}
+	if err := r.unpinUserNS(cid); err != nil {
+		return err
+	}
+	r.ids.release(cid)
 	if err := os.RemoveAll(r.containerDir(cid)); err != nil {
 		return fmt.Errorf("remove sandbox dir of %s: %w", cid, err)
 	}

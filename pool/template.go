@@ -20,8 +20,11 @@ type Template struct {
 	Workdir      string            `json:"workdir,omitempty"`      // default working directory of execs
 	Labels       map[string]string `json:"labels,omitempty"`
 	EgressPolicy string            `json:"egress_policy,omitempty"` // policy document (YAML), used by the egress proxy
-	MinReady     int               `json:"min_ready"`
-	Max          int               `json:"max"`
+	// NoUserNamespace runs the pool's sandboxes without a user namespace: root inside is
+	// host root (weaker; see docs/security.md). By default each sandbox has its own.
+	NoUserNamespace bool `json:"no_user_namespace,omitempty"`
+	MinReady        int  `json:"min_ready"`
+	Max             int  `json:"max"`
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)

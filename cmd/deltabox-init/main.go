@@ -15,6 +15,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -35,7 +36,12 @@ func main() {
 	socket := flag.String("socket", initproto.DefaultSocketPath, "unix socket to listen on")
 	killTimeout := flag.Duration("kill-timeout", 5*time.Second, "how long to wait for processes to die on kill")
 	parkTimeout := flag.Duration("park-timeout", 30*time.Second, "how long the listener stays parked without an unpark signal")
+	hold := flag.Bool("hold", false, "only wait for stdin to close, then exit (the host runs it to make a sandbox's user and network namespaces)")
 	flag.Parse()
+	if *hold {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		return
+	}
 	logger := slog.New(slog.NewTextHandler(initd.LimitWriter(os.Stderr, maxLog), nil)).With("component", "deltabox-init")
 	stopSignals := []os.Signal{syscall.SIGTERM, syscall.SIGINT}
 	if os.Getpid() == 1 {

@@ -39,7 +39,7 @@ func (r *Root) archiveAt(tw *tar.Writer, dirfd int, name, tname string) error {
 	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("stat %s: %w", tname, err)
 	}
-	hdr := &tar.Header{Name: tname, Mode: int64(fileMode(&st)), Uid: int(st.Uid), Gid: int(st.Gid),
+	hdr := &tar.Header{Name: tname, Mode: int64(fileMode(&st)), Uid: r.ids.FromHost(st.Uid), Gid: r.ids.FromHost(st.Gid),
 		ModTime: time.Unix(st.Mtim.Unix()), Format: tar.FormatPAX}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFLNK:

@@ -52,13 +52,36 @@ func (r *Root) Extract(dest string, tr *tar.Reader, opts ExtractOptions) (Extrac
 		if err != nil {
 			return res, err
 		}
-		n, err := r.writeEntry(target, hdr, tr, opts)
+		eopts, err := r.ownEntry(hdr, opts)
+		if err != nil {
+			return res, fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+		n, err := r.writeEntry(target, hdr, tr, eopts)
 		if err != nil {
 			return res, err
 		}
 		res.Entries++
 		res.Bytes += n
 	}
+}
+
+// ownEntry sets the host owner of an entry: its own ids mapped onto the host, or (without
+// Chown) the sandbox's root when the root has an id map, so nothing the host writes into a
+// sandbox with a user namespace is owned by an id the sandbox cannot use.
+func (r *Root) ownEntry(hdr *tar.Header, opts ExtractOptions) (ExtractOptions, error) {
+	if r.ids.Size == 0 {
+		return opts, nil
+	}
+	if !opts.Chown {
+		hdr.Uid, hdr.Gid = 0, 0
+	}
+	uid, gid, err := r.mapHeader(hdr.Uid, hdr.Gid)
+	if err != nil {
+		return opts, err
+	}
+	hdr.Uid, hdr.Gid = uid, gid
+	opts.Chown = true
+	return opts, nil
 }
 
 // targetPath maps a tar entry name to a path beneath the root.

@@ -21,15 +21,20 @@ import (
 type Root struct {
 	fd   int
 	name string // for messages
+	ids  IDMap  // owners as the sandbox sees them (WithIDMap)
 }
 
 // Open opens dir as a Root. dir itself is trusted (e.g. /proc/PID/root).
-func Open(dir string) (*Root, error) {
+func Open(dir string, opts ...Option) (*Root, error) {
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open root %s: %w", dir, err)
 	}
-	return &Root{fd: fd, name: dir}, nil
+	r := &Root{fd: fd, name: dir}
+	for _, o := range opts {
+		o(r)
+	}
+	return r, nil
 }
 
 // Close releases the root's fd.

@@ -14,8 +14,11 @@ type Template struct {
 	Workdir      string            `json:"workdir,omitempty"`      // default working directory of execs
 	Labels       map[string]string `json:"labels,omitempty"`
 	EgressPolicy string            `json:"egress_policy,omitempty"` // policy document (YAML), used by the egress proxy
-	MinReady     int               `json:"min_ready"`
-	Max          int               `json:"max"`
+	// NoUserNamespace runs the pool's sandboxes without a user namespace: root inside is
+	// host root (weaker; docs/security.md).
+	NoUserNamespace bool `json:"no_user_namespace,omitempty"`
+	MinReady        int  `json:"min_ready"`
+	Max             int  `json:"max"`
 }
 
 // PoolInfo is a pool's template and counts, with the limits (the template's over the node
@@ -42,6 +45,17 @@ type Isolation struct {
 	Seccomp       string   `json:"seccomp"`        // seccomp profile name ("" = none)
 	Capabilities  []string `json:"capabilities"`   // bounding = effective = permitted set
 	UserNamespace bool     `json:"user_namespace"` // root in the sandbox is not root on the host
+	// IDMapping is a sandbox's user namespace mapping, uids and gids alike (a sandbox's
+	// view only).
+	IDMapping *IDMapping `json:"id_mapping,omitempty"`
+}
+
+// IDMapping maps ids ContainerID..ContainerID+Size-1 in a sandbox onto host ids
+// HostID..HostID+Size-1.
+type IDMapping struct {
+	ContainerID uint32 `json:"container_id"`
+	HostID      uint32 `json:"host_id"`
+	Size        uint32 `json:"size"`
 }
 
 // Sandbox is the public view of a leased sandbox.

@@ -94,15 +94,34 @@ func (m *Manager) NetNSPath(id string) string {
 	return filepath.Join(m.opts.NetNSDir, m.opts.NetworkName+"-"+id)
 }
 
-// Setup creates the sandbox's network namespace and attaches it to the bridge. A namespace
-// that already exists is AlreadyExists (Teardown it, or Reconcile after a restart). On error
-// nothing is left behind.
-func (m *Manager) Setup(ctx context.Context, id string) (Attachment, error) {
+// SetupOpt tunes Setup.
+type SetupOpt func(*setupConfig)
+
+type setupConfig struct {
+	from string // an existing network namespace to pin instead of a new one
+}
+
+// WithNetNSOf attaches the network namespace process pid is in instead of creating one: a
+// namespace made inside a sandbox's user namespace, so that it is the sandbox's own (CRIU
+// dumps a container only when its user namespace owns its network namespace). The caller
+// keeps pid alive (and unreaped) until Setup returns.
+func WithNetNSOf(pid int) SetupOpt {
+	return func(c *setupConfig) { c.from = fmt.Sprintf("/proc/%d/ns/net", pid) }
+}
+
+// Setup creates the sandbox's network namespace (or pins the one WithNetNSOf names) and
+// attaches it to the bridge. A namespace that already exists is AlreadyExists (Teardown it, or
+// Reconcile after a restart). On error nothing is left behind.
+func (m *Manager) Setup(ctx context.Context, id string, opts ...SetupOpt) (Attachment, error) {
 	if err := validateID(id); err != nil {
 		return Attachment{}, err
 	}
+	var cfg setupConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	path := m.NetNSPath(id)
-	if err := createNetNS(path); err != nil {
+	if err := createNetNS(path, cfg.from); err != nil {
 		return Attachment{}, fmt.Errorf("set up network of sandbox %q: %w", id, err)
 	}
 	att, err := m.attach(ctx, id, path)

@@ -11,10 +11,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// createNetNS creates a new network namespace and pins it by bind-mounting it onto path (the
-// way `ip netns add` does). IPv6 is disabled inside it: the firewall drops all sandbox IPv6,
-// and without addresses a sandbox cannot even try link-local IPv6 to the host.
-func createNetNS(path string) error {
+// createNetNS creates a new network namespace (or takes the existing one from names, a
+// /proc/PID/ns/net) and pins it by bind-mounting it onto path (the way `ip netns add` does).
+// IPv6 is disabled inside it: the firewall drops all sandbox IPv6, and without addresses a
+// sandbox cannot even try link-local IPv6 to the host.
+func createNetNS(path, from string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("create netns dir: %w", err)
 	}
@@ -27,7 +28,11 @@ func createNetNS(path string) error {
 	}
 	f.Close()
 	errc := make(chan error, 1)
-	go func() { errc <- pinNewNetNS(path) }()
+	if from != "" {
+		go func() { errc <- pinNetNS(from, path) }()
+	} else {
+		go func() { errc <- pinNewNetNS(path) }()
+	}
 	if err := <-errc; err != nil {
 		_ = removeNetNS(path)
 		return err
@@ -45,6 +50,24 @@ func pinNewNetNS(path string) error {
 	self := fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())
 	if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind-mount netns onto %s: %w", path, err)
+	}
+	return disableIPv6()
+}
+
+// pinNetNS bind-mounts the existing namespace from onto path and, on its own goroutine's
+// locked OS thread (never unlocked, so discarded), joins it to disable IPv6.
+func pinNetNS(from, path string) error {
+	runtime.LockOSThread()
+	if err := unix.Mount(from, path, "none", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mount netns %s onto %s: %w", from, path, err)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("join netns %s: %w", path, err)
 	}
 	return disableIPv6()
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-func createNetNS(string) error {
+func createNetNS(string, string) error {
 	return fmt.Errorf("network namespaces: %w", errdefs.ErrNotImplemented)
 }
 

@@ -1,0 +1,107 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+)
+
+// leaseOne creates pool name from t and leases one sandbox of it.
+func leaseOne(t *testing.T, m *Manager, tmpl Template) Sandbox {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := m.CreatePool(ctx, tmpl); err != nil {
+		t.Fatal(err)
+	}
+	res, err := m.Lease(ctx, tmpl.Name, LeaseRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := m.Get(res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
+
+func execOut(t *testing.T, m *Manager, id string, argv ...string) string {
+	t.Helper()
+	var out bytes.Buffer
+	st, err := m.Exec(context.Background(), id, ExecRequest{Argv: argv}, nil, &out, &out)
+	if err != nil || st.Code != 0 {
+		t.Fatalf("exec %q: %v %+v %q", argv, err, st, out.String())
+	}
+	return strings.TrimSpace(out.String())
+}
+
+// TestUserNamespaceMapsRoot: a sandbox's root is an unprivileged host uid of a range of its
+// own; uid_map shows it; what root writes is owned by that uid on the host.
+func TestUserNamespaceMapsRoot(t *testing.T) {
+	m := newTestManager(t, t.TempDir())
+	defer removeAll(t, m)
+	a := leaseOne(t, m, Template{Name: "a", Image: busybox, MinReady: 1, Max: 2})
+	b := leaseOne(t, m, Template{Name: "b", Image: busybox, MinReady: 0, Max: 2})
+	for _, sb := range []Sandbox{a, b} {
+		if !sb.Isolation.UserNamespace || sb.Isolation.IDMapping == nil {
+			t.Fatalf("sandbox %s: isolation %+v, want a user namespace with a mapping", sb.ID, sb.Isolation)
+		}
+	}
+	ma, mb := *a.Isolation.IDMapping, *b.Isolation.IDMapping
+	if ma.HostID == mb.HostID || ma.HostID < IDRangeFirst || ma.Size != IDRangeSize {
+		t.Fatalf("mappings %v and %v: want distinct ranges of %d from %d", ma, mb, IDRangeSize, IDRangeFirst)
+	}
+	want := fmt.Sprintf("0 %d %d", ma.HostID, ma.Size)
+	if got := strings.Join(strings.Fields(execOut(t, m, a.ID, "cat", "/proc/self/uid_map")), " "); got != want {
+		t.Fatalf("uid_map %q, want %q", got, want)
+	}
+	if got := execOut(t, m, a.ID, "sh", "-c", "id -u; echo x > /root-file; stat -c %u:%g /root-file"); got != "0\n0:0" {
+		t.Fatalf("inside: %q", got)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(sb0Upper(t, m, a), "root-file"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != ma.HostID || st.Gid != ma.HostID {
+		t.Fatalf("host sees %d:%d, want %d:%d", st.Uid, st.Gid, ma.HostID, ma.HostID)
+	}
+	// the other sandbox's root cannot read a 0600 file of this one's root (different uids),
+	// even when the host hands it the file's path
+	host, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.InitPid))
+	if !strings.Contains(string(host), fmt.Sprintf("Uid:\t%d", ma.HostID)) {
+		t.Fatalf("host view of the init: %s", host)
+	}
+}
+
+func sb0Upper(t *testing.T, m *Manager, sb Sandbox) string {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.leased[sb.ID].inst.layout.Upper
+}
+
+// TestNoUserNamespacePool: a pool that opts out runs as host root, and says so.
+func TestNoUserNamespacePool(t *testing.T) {
+	m := newTestManager(t, t.TempDir())
+	defer removeAll(t, m)
+	sb := leaseOne(t, m, Template{Name: "host", Image: busybox, NoUserNamespace: true})
+	if sb.Isolation.UserNamespace || sb.Isolation.IDMapping != nil {
+		t.Fatalf("isolation %+v, want none", sb.Isolation)
+	}
+	p, _ := m.Pool("host")
+	if p.Isolation.UserNamespace {
+		t.Fatalf("pool isolation %+v", p.Isolation)
+	}
+	if got := strings.Fields(execOut(t, m, sb.ID, "cat", "/proc/self/uid_map")); len(got) != 3 || got[1] != "0" {
+		t.Fatalf("uid_map %q, want the host's", got)
+	}
+	_ = testutil.WaitFor
+	_ = time.Second
+}
