@@ -135,6 +135,9 @@ func (c *Checkpointer) dumpMeta(ctx context.Context, ctr containerd.Container) (
 	if err != nil {
 		return Meta{}, fmt.Errorf("spec of container %s: %w", ctr.ID(), err)
 	}
+	if err := RefuseUserNamespace("dump container "+ctr.ID(), spec); err != nil {
+		return Meta{}, err
+	}
 	m := LocalMeta(c.Status(ctx))
 	m.ContainerID = ctr.ID()
 	if spec.Linux != nil {

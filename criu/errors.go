@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // ErrInotifyOverlay is wrapped (together with errdefs.ErrFailedPrecondition) into the error
@@ -20,6 +21,28 @@ var ErrInotifyOverlay = errors.New("processes with inotify watches on overlayfs 
 // dump that failed because a sandbox process has a unix connection to a peer outside the
 // sandbox, typically a host client of the init socket left open.
 var ErrExternalUnixSocket = errors.New("a unix socket connected from outside the sandbox (e.g. a host client of the init socket) is open; close it before the dump")
+
+// ErrUserNamespace is wrapped (with errdefs.ErrFailedPrecondition) into the error of an L3
+// dump or restore of a container in a user namespace. The sandbox's network namespace must
+// belong to its user namespace (else CRIU refuses the dump), and CRIU 4.1 restores a dumped
+// user namespace by creating a new one first and then entering the external network namespace
+// from inside it, which the kernel refuses (EPERM: the namespace belongs to another user
+// namespace); joining the existing user namespace instead (runc's join-ns) comes after that step.
+var ErrUserNamespace = errors.New("the sandbox runs in a user namespace, and CRIU 4.1 cannot restore a container whose network namespace belongs to its user namespace; L3 checkpoints, snapshots, restores and forks need a pool created with no_user_namespace (deltabox pool create --no-userns)")
+
+// RefuseUserNamespace returns ErrUserNamespace (FailedPrecondition) for a spec with a user
+// namespace, naming what was asked.
+func RefuseUserNamespace(what string, spec *specs.Spec) error {
+	if spec == nil || spec.Linux == nil {
+		return nil
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.UserNamespace {
+			return fmt.Errorf("%s: %w: %w", what, ErrUserNamespace, errdefs.ErrFailedPrecondition)
+		}
+	}
+	return nil
+}
 
 // Log files CRIU writes into its work directory (runc's names).
 const (

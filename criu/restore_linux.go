@@ -83,6 +83,9 @@ func (c *Checkpointer) restoreTarget(ctx context.Context, id, dir string) (conta
 	if err != nil {
 		return nil, fmt.Errorf("spec of container %s: %w", id, err)
 	}
+	if err := RefuseUserNamespace("restore container "+id, spec); err != nil {
+		return nil, err
+	}
 	if err := checkCgroup(ctr, spec, meta); err != nil {
 		return nil, err
 	}

@@ -109,7 +109,7 @@ func TestFaultsENOSPC(t *testing.T) {
 	d := startDaemonOnTmpfs(t, 64<<20, fmt.Sprintf("[sandbox]\ndisk = \"0\"\n[egress]\nupstream_ca_file = %q\n", u.ca))
 	policy := filepath.Join(shortTempDir(t), "policy.yaml")
 	os.WriteFile(policy, []byte(egressPolicy), 0o644)
-	d.createPool("net", pythonImage, 1, "--egress-policy", policy)
+	d.createPool("net", pythonImage, 1, "--egress-policy", policy, "--no-userns")
 	id := d.lease("net", noProxyBypass...).ID
 
 	d.cli("exec", id, "--", "sh", "-c", "echo good > /root/f")

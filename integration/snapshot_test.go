@@ -52,7 +52,7 @@ func (d *daemon) count(id string) int {
 
 // startCounter leases a python sandbox running the counter, with a file and state to keep.
 func startCounter(d *daemon) string {
-	d.createPool("py", pythonImage, 1, "--max", "12")
+	d.createPool("py", pythonImage, 1, "--max", "12", "--no-userns")
 	id := d.lease("py").ID
 	d.cli("exec", id, "--timeout", "30s", "--", "sh", "-c", counterScript)
 	d.cli("state", "patch", id, `[{"op":"add","path":"/memory","value":"kept in the snapshot"}]`)
@@ -160,7 +160,7 @@ func TestSnapshotAcrossNodesThroughS3(t *testing.T) {
 	}
 	a := startDaemonOn(t, e1, "")
 	b := startDaemonOn(t, e2, trustConfig(a))        // a fleet: B trusts A's signing key
-	b.createPool("py", pythonImage, 0, "--max", "4") // and runs the same pools
+	b.createPool("py", pythonImage, 0, "--max", "4", "--no-userns") // and runs the same pools
 	id := startCounter(a)
 	before := a.count(id)
 	var snap api.Snapshot
@@ -307,7 +307,7 @@ func corruptBlob(t *testing.T, store, name, title string) {
 func TestSnapshotRestoreIsFaithful(t *testing.T) {
 	d := startDaemon(t)
 	c, ctx := d.client(), context.Background()
-	d.createPool("py", pythonImage, 0, "--max", "8")
+	d.createPool("py", pythonImage, 0, "--max", "8", "--no-userns")
 	const denyAll = "version: 1\ndefault: deny\n" // narrower than the pool's built-in default
 	policy := filepath.Join(t.TempDir(), "deny.yaml")
 	if err := os.WriteFile(policy, []byte(denyAll), 0o644); err != nil {

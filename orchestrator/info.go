@@ -31,7 +31,8 @@ func (o *Orchestrator) Info(ctx context.Context) (api.Info, error) {
 		StateRoot: o.opts.Root,
 		Namespace: o.opts.Namespace,
 		Store:     api.ObjectStore{URI: o.opts.ObjectStoreURI},
-		Sandbox:   api.SandboxDefaults{Isolation: apiIsolation(pool.SandboxIsolation()), Limits: apiLimits(o.opts.SandboxDefaults)},
+		Sandbox: api.SandboxDefaults{Isolation: apiIsolation(pool.SandboxIsolation()), Limits: apiLimits(o.opts.SandboxDefaults),
+			IDRangeFirst: pool.IDRangeFirst, IDRangeSize: pool.IDRangeSize},
 		Snapshots: api.SnapshotTrust{SigningKey: snapsign.Fingerprint(o.signer.Public()),
 			PublicKey: snapsign.Inline(o.signer.Public()), Trusted: o.trust.Trusted()},
 	}

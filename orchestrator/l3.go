@@ -48,6 +48,9 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 		return 0, nil, fmt.Errorf("sandbox %q has process templates (checkpoints %v), which CRIU cannot dump (they are traced by the daemon): %w",
 			s.id, ids, errdefs.ErrFailedPrecondition)
 	}
+	if s.sb.Isolation.UserNamespace {
+		return 0, nil, fmt.Errorf("L3 checkpoint of sandbox %q: %w: %w", s.id, criu.ErrUserNamespace, errdefs.ErrFailedPrecondition)
+	}
 	dir := filepath.Join(s.dir, "l3", rec.ID)
 	if err := os.RemoveAll(dir); err != nil {
 		return 0, nil, err

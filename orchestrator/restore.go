@@ -118,6 +118,9 @@ func (o *Orchestrator) restorePool(ctx context.Context, name string, cfg snapsho
 	if t.Image != cfg.Image {
 		return t, fmt.Errorf("pool %q runs %s, the snapshot needs %s: %w", name, t.Image, cfg.Image, errdefs.ErrFailedPrecondition)
 	}
+	if !t.NoUserNamespace {
+		return t, fmt.Errorf("restore into pool %q: %w: %w", name, criu.ErrUserNamespace, errdefs.ErrFailedPrecondition)
+	}
 	img, err := o.client.GetImage(ctx, cfg.Image)
 	if err != nil {
 		return t, fmt.Errorf("image %s of the snapshot: %w", cfg.Image, err)

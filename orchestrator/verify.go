@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/overlay"
 )
 
 // Verify checks a sandbox's consistency: the agent state rebuilt from its last snapshot plus
@@ -54,7 +55,11 @@ func (o *Orchestrator) verifyFiles(ctx context.Context, s *session, ckpt string)
 	if err != nil {
 		return nil, err
 	}
-	mismatches, err := s.fs.Verify(ctx, ckpt, merged)
+	var opts []overlay.VerifyOption
+	if m := s.sb.Isolation.IDMapping; m != nil { // the image shows through idmapped mounts
+		opts = append(opts, overlay.VerifySkip(overlay.DefaultVerifySkip()...), overlay.VerifyLowerIDs(m.HostID, m.Size))
+	}
+	mismatches, err := s.fs.Verify(ctx, ckpt, merged, opts...)
 	closeRoot()
 	if err != nil {
 		return nil, err

@@ -41,11 +41,12 @@ func TestWireTypesMatchPool(t *testing.T) {
 // the converted value is the JSON of the pool value.
 func TestWireConversionKeepsValues(t *testing.T) {
 	tmpl := pool.Template{Name: "p", Image: "img", CPUs: 1.5, MemoryBytes: 64 << 20, Pids: 9, DiskBytes: 1 << 30, Env: []string{"A=1"},
-		Workdir: "/w", Labels: map[string]string{"k": "v"}, EgressPolicy: "allow: []", MinReady: 2, Max: 5}
+		Workdir: "/w", Labels: map[string]string{"k": "v"}, EgressPolicy: "allow: []", MinReady: 2, Max: 5, NoUserNamespace: true}
 	sb := pool.Sandbox{ID: "sb-1", Pool: "p", Container: "c", Image: "img", Env: []string{"B=2"},
 		Labels: map[string]string{"l": "m"}, Workdir: "/w", LeasedAt: time.Unix(10, 0).UTC(), Created: time.Unix(5, 0).UTC(),
 		InitPid: 42, IP: "10.0.0.2", EgressPolicy: "deny", RunDir: "/run/x",
 		Limits: pool.Limits{CPUs: 1, MemoryBytes: 2, Pids: 3, DiskBytes: 4}, Isolation: pool.SandboxIsolation()}
+	sb.Isolation.IDMapping = &pool.IDMapping{HostID: pool.IDRangeFirst, Size: pool.IDRangeSize}
 	st := initproto.ExitStatus{Code: 137, Signal: "SIGKILL", TimedOut: true, StdoutTruncated: true, StderrTruncated: true,
 		Error: "e", Pid: 7, Duration: time.Second}
 	same := func(a, b any) {

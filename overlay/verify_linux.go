@@ -22,6 +22,29 @@ type VerifyOption func(*verifyOptions)
 type verifyOptions struct {
 	skip  []string
 	mtime bool
+	ids   idShift
+}
+
+// idShift maps the lower layers' owners onto the host ids the merged tree shows them with (a
+// sandbox in a user namespace sees its image through idmapped mounts).
+type idShift struct{ host, size uint32 }
+
+func (m idShift) apply(e *Entry) {
+	if m.size == 0 {
+		return
+	}
+	if e.UID < m.size {
+		e.UID += m.host
+	}
+	if e.GID < m.size {
+		e.GID += m.host
+	}
+}
+
+// VerifyLowerIDs says the merged tree shows the lower layers' ids 0..size-1 as host ids
+// host..host+size-1 (the sandbox's user namespace mapping); the upper state records host ids.
+func VerifyLowerIDs(host, size uint32) VerifyOption {
+	return func(o *verifyOptions) { o.ids = idShift{host, size} }
 }
 
 // DefaultVerifySkip returns the merged-tree paths Verify skips unless told otherwise: the
@@ -74,6 +97,7 @@ func (s *Store) verify(ctx context.Context, id, merged string, o verifyOptions) 
 		return nil, err
 	}
 	defer v.close()
+	v.ids = o.ids
 	rootfd, err := unix.Open(merged, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open merged root: %w", err)

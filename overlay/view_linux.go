@@ -20,6 +20,7 @@ type view struct {
 	fds      []int
 	stats    map[lowerKey]*lowerStat
 	children map[string][]string // upper-state names by parent, built on first use
+	ids      idShift             // how the merged tree shows the lower layers' owners
 }
 
 type lowerKey struct {
@@ -188,6 +189,7 @@ func (v *view) lowerEntry(layer int, prefix string) (*Entry, error) {
 	}
 	e.Opaque = false
 	e.lower = v.layers[layer]
+	v.ids.apply(e)
 	return e, nil
 }
 

@@ -60,7 +60,8 @@ func printInfo(w io.Writer, r infoResult) {
 	row("Object store", "%s", r.Store.URI)
 	iso := r.Sandbox.Isolation
 	row("Sandbox seccomp", "%s", orNone(iso.Seccomp))
-	row("Sandbox user namespace", "%t", iso.UserNamespace)
+	row("Sandbox user namespace", "%t (by default; a pool may opt out; each sandbox gets its own range of %d host ids from %d)",
+		iso.UserNamespace, r.Sandbox.IDRangeSize, r.Sandbox.IDRangeFirst)
 	row("Sandbox capabilities", "%s", strings.Join(iso.Capabilities, " "))
 	row("Sandbox default limits", "%s", limitsText(r.Sandbox.Limits))
 	row("Snapshot key", "%s (%s); trusted: %d", r.Snapshots.SigningKey, r.Snapshots.PublicKey, len(r.Snapshots.Trusted))

@@ -47,6 +47,7 @@ func poolCreateCommand() *cli.Command {
 			&cli.StringFlag{Name: "egress-policy", Usage: "egress policy YAML file"},
 			&cli.BoolFlag{Name: "wait", Usage: "wait until min-ready sandboxes are ready (a bar on a terminal, progress lines with -o json)"},
 			&cli.DurationFlag{Name: "wait-timeout", Value: 5 * time.Minute, Usage: "give up waiting after this long"},
+			&cli.BoolFlag{Name: "no-userns", Usage: "run without a user namespace: root in the sandbox is host root (weaker; needed for L3 checkpoints, snapshots and forks)"},
 		},
 		Action: poolCreate,
 	}
@@ -59,6 +60,7 @@ func poolCreate(c *cli.Context) error {
 	t := api.Template{
 		Name: c.Args().First(), Image: c.String("image"), MinReady: c.Int("min-ready"), Max: c.Int("max"),
 		CPUs: c.Float64("cpus"), Pids: c.Int64("pids"), Env: c.StringSlice("env"), Workdir: c.String("workdir"),
+		NoUserNamespace: c.Bool("no-userns"),
 	}
 	var err error
 	if t.Labels, err = parseKV(c.StringSlice("label"), "--label"); err != nil {
@@ -158,9 +160,10 @@ func poolScale(c *cli.Context) error {
 func printPools(w io.Writer, ps []api.PoolInfo) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
-	fmt.Fprintln(tw, "NAME\tIMAGE\tREADY\tLEASED\tCREATING\tMIN_READY\tMAX\tLIMITS")
+	fmt.Fprintln(tw, "NAME\tIMAGE\tREADY\tLEASED\tCREATING\tMIN_READY\tMAX\tUSERNS\tLIMITS")
 	for _, p := range ps {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", p.Name, p.Image, p.Ready, p.Leased, p.Creating, p.MinReady, p.Max, limitsText(p.Limits))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%t\t%s\n", p.Name, p.Image, p.Ready, p.Leased, p.Creating, p.MinReady, p.Max,
+			p.Isolation.UserNamespace, limitsText(p.Limits))
 	}
 }
 

@@ -275,8 +275,8 @@ func printSandbox(w io.Writer, s api.Sandbox) {
 		}
 		fmt.Fprintf(tw, "State:\t%s\n", state)
 	}
-	fmt.Fprintf(tw, "Limits:\t%s\nSeccomp:\t%s\nUser namespace:\t%t\nCapabilities:\t%s\n", limitsText(s.Limits),
-		orNone(s.Isolation.Seccomp), s.Isolation.UserNamespace, strings.Join(s.Isolation.Capabilities, " "))
+	fmt.Fprintf(tw, "Limits:\t%s\nSeccomp:\t%s\nUser namespace:\t%s\nCapabilities:\t%s\n", limitsText(s.Limits),
+		orNone(s.Isolation.Seccomp), usernsText(s.Isolation), strings.Join(s.Isolation.Capabilities, " "))
 	keys := make([]string, 0, len(s.Labels))
 	for k := range s.Labels {
 		keys = append(keys, k)
@@ -331,4 +331,16 @@ func sandboxCommand() *cli.Command {
 			},
 		},
 	}
+}
+
+// usernsText shows a sandbox's user namespace: its mapping, or that it has none.
+func usernsText(i api.Isolation) string {
+	m := i.IDMapping
+	switch {
+	case !i.UserNamespace:
+		return "false (root in the sandbox is host root)"
+	case m == nil:
+		return "true"
+	}
+	return fmt.Sprintf("true (ids %d-%d are host ids %d-%d)", m.ContainerID, m.ContainerID+m.Size-1, m.HostID, m.HostID+m.Size-1)
 }

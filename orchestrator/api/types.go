@@ -34,6 +34,10 @@ type SnapshotTrust struct {
 type SandboxDefaults struct {
 	Isolation Isolation `json:"isolation"`
 	Limits    Limits    `json:"default_limits"`
+	// IDRangeFirst and IDRangeSize say where sandboxes' user namespace id ranges lie on the
+	// host: range k is IDRangeFirst+k*IDRangeSize, IDRangeSize ids long.
+	IDRangeFirst uint32 `json:"id_range_first"`
+	IDRangeSize  uint32 `json:"id_range_size"`
 }
 
 // Component is a named piece of software with a version.
