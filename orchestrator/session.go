@@ -146,6 +146,9 @@ func (o *Orchestrator) openStores(ctx context.Context, s *session) error {
 	if o.opts.WalkUpperDirs {
 		opts = append(opts, overlay.WithoutTracking())
 	}
+	if m := s.sb.Isolation.IDMapping; m != nil { // the image shows through idmapped mounts
+		opts = append(opts, overlay.WithLowerIDs(m.HostID, m.Size))
+	}
 	fs, err := overlay.NewStore(filepath.Join(s.dir, "layers"), opts...)
 	if err != nil {
 		return err

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/deltabox/deltabox/orchestrator/api"
-	"github.com/deltabox/deltabox/overlay"
 )
 
 // Verify checks a sandbox's consistency: the agent state rebuilt from its last snapshot plus
@@ -55,11 +54,7 @@ func (o *Orchestrator) verifyFiles(ctx context.Context, s *session, ckpt string)
 	if err != nil {
 		return nil, err
 	}
-	var opts []overlay.VerifyOption
-	if m := s.sb.Isolation.IDMapping; m != nil { // the image shows through idmapped mounts
-		opts = append(opts, overlay.VerifySkip(overlay.DefaultVerifySkip()...), overlay.VerifyLowerIDs(m.HostID, m.Size))
-	}
-	mismatches, err := s.fs.Verify(ctx, ckpt, merged, opts...)
+	mismatches, err := s.fs.Verify(ctx, ckpt, merged)
 	closeRoot()
 	if err != nil {
 		return nil, err

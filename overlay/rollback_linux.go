@@ -71,6 +71,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 		return nil, err
 	}
 	defer v.close()
+	v.ids = s.opts.ids
 	pl, err := s.plan(v, fds, s.changedBetween(pos, target, res))
 	if err != nil {
 		return nil, err

@@ -54,6 +54,7 @@ type options struct {
 	sync    bool
 	reflink bool
 	track   bool
+	ids     idShift
 }
 
 // WithScanWorkers sets how many goroutines stat the upper dir in parallel (default 2).
@@ -71,6 +72,13 @@ func WithoutSync() Option { return func(o *options) { o.sync = false } }
 // WithoutTracking makes every scan walk the whole upper dir instead of statting only the
 // paths the change tracker saw change; for comparisons and for filesystems without inotify.
 func WithoutTracking() Option { return func(o *options) { o.track = false } }
+
+// WithLowerIDs says the sandbox sees its lower layers through idmapped mounts (a user
+// namespace): their ids 0..size-1 show as host ids host..host+size-1, which is what the
+// upper dir holds too. Rollback and Verify then treat the lower layers' owners as mapped.
+func WithLowerIDs(host, size uint32) Option {
+	return func(o *options) { o.ids = idShift{host, size} }
+}
 
 // WithoutReflink disables FICLONE attempts (copy_file_range is used).
 func WithoutReflink() Option { return func(o *options) { o.reflink = false } }

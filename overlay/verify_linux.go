@@ -22,7 +22,6 @@ type VerifyOption func(*verifyOptions)
 type verifyOptions struct {
 	skip  []string
 	mtime bool
-	ids   idShift
 }
 
 // idShift maps the lower layers' owners onto the host ids the merged tree shows them with (a
@@ -39,12 +38,6 @@ func (m idShift) apply(e *Entry) {
 	if e.GID < m.size {
 		e.GID += m.host
 	}
-}
-
-// VerifyLowerIDs says the merged tree shows the lower layers' ids 0..size-1 as host ids
-// host..host+size-1 (the sandbox's user namespace mapping); the upper state records host ids.
-func VerifyLowerIDs(host, size uint32) VerifyOption {
-	return func(o *verifyOptions) { o.ids = idShift{host, size} }
 }
 
 // DefaultVerifySkip returns the merged-tree paths Verify skips unless told otherwise: the
@@ -97,7 +90,7 @@ func (s *Store) verify(ctx context.Context, id, merged string, o verifyOptions) 
 		return nil, err
 	}
 	defer v.close()
-	v.ids = o.ids
+	v.ids = s.opts.ids
 	rootfd, err := unix.Open(merged, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open merged root: %w", err)
