@@ -54,10 +54,17 @@ func TestEscapeTenantResidue(t *testing.T) {
 }
 
 // TestEscapeTenantReplacesDevice: tenant A replaces /dev/urandom with a file of its choosing;
-// the next tenant must never read it: the sandbox is discarded, not reused.
+// the next tenant must never read it: the sandbox is discarded, not reused. In a user
+// namespace (the default) the device nodes are bind mounts of the host's, which the sandbox
+// cannot even remove; without one (--no-userns) it can, and the release discards it.
 func TestEscapeTenantReplacesDevice(t *testing.T) {
 	d := startDaemon(t)
-	d.createPool("one", busyboxImage, 1, "--max", "1")
+	d.createPool("userns", busyboxImage, 1, "--max", "1")
+	u := d.lease("userns")
+	if _, errOut, code := d.cliRaw("exec", u.ID, "--", "sh", "-c", "rm /dev/urandom"); code == 0 || !strings.Contains(errOut, "busy") {
+		t.Fatalf("rm /dev/urandom in a user namespace: exit %d, %q; want it refused (a bind mount)", code, errOut)
+	}
+	d.createPool("one", busyboxImage, 1, "--max", "1", "--no-userns")
 	a := d.lease("one")
 	d.cli("exec", a.ID, "--", "sh", "-c", "rm /dev/urandom && echo 0000000000000000 > /dev/urandom")
 	d.cli("release", a.ID)
