@@ -205,6 +205,9 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string, start Res
 	if err != nil {
 		return nil, err
 	}
+	if err := r.unpinUserNS(cid); err != nil { // the init holds it now
+		return nil, err
+	}
 	inst.pid = task.Pid()
 	if err := inst.attach(); err != nil {
 		return nil, err

@@ -20,7 +20,8 @@ import (
 // network namespace, which is therefore owned by the user namespace. The user namespace is
 // pinned in the sandbox's directory and the container joins it by path (runc joins the user
 // namespace first, then the network namespace the network pinned from the holder); the holder
-// then exits. Had runc made the user namespace, a network namespace made on the host for CNI
+// then exits, and once the task runs the pin is dropped (the init holds the namespace; runc
+// execs through /proc/<init>/ns). Had runc made the user namespace, a network namespace made on the host for CNI
 // would belong to the host's user namespace, and CRIU refuses to dump such a container.
 
 const userNSFile = "userns" // in the sandbox's directory
