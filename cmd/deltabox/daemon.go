@@ -135,7 +135,11 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	if err := serveE2B(ctx, cfg.E2B, o); err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: o.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	handler := o.Handler() // one handler (and request limiter) for the socket and the TCP listener
+	if err := serveRemote(ctx, cfg.API, cfg.Root, handler); err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.L(ctx).Info("daemon started", "version", version.Version, "address", cfg.Address,

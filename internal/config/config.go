@@ -37,6 +37,32 @@ type Config struct {
 	Snapshots   Snapshots   `toml:"snapshots"`
 	Sandbox     Sandbox     `toml:"sandbox"`
 	E2B         E2B         `toml:"e2b"`
+	API         API         `toml:"api"`
+}
+
+// API configures the host API's TCP listener for remote clients (the unix socket stays).
+type API struct {
+	TCPAddress   string `toml:"tcp_address"`
+	TokensFile   string `toml:"tokens_file"`
+	TLSCertFile  string `toml:"tls_cert_file"`
+	TLSKeyFile   string `toml:"tls_key_file"`
+	ClientCAFile string `toml:"client_ca_file"`
+}
+
+func (a API) validate(name string) error {
+	if a.TCPAddress == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(a.TCPAddress); err != nil {
+		return fmt.Errorf("config %s: api.tcp_address %q: want host:port: %w", name, a.TCPAddress, errdefs.ErrInvalidArgument)
+	}
+	if a.TokensFile == "" {
+		return fmt.Errorf("config %s: api.tcp_address is set but api.tokens_file is not (the TCP API always asks for a token): %w", name, errdefs.ErrInvalidArgument)
+	}
+	if (a.TLSCertFile == "") != (a.TLSKeyFile == "") {
+		return fmt.Errorf("config %s: api.tls_cert_file and api.tls_key_file go together: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // Sandbox holds the limits of sandboxes whose pool sets none. Sizes are strings such as
@@ -284,6 +310,9 @@ func (c Config) validate(name string) error {
 		return fmt.Errorf("config %s: snapshots.restore_timeout = %s: want at least 1s: %w", name, c.Snapshots.RestoreTimeout, errdefs.ErrInvalidArgument)
 	}
 	if err := c.E2B.validate(name); err != nil {
+		return err
+	}
+	if err := c.API.validate(name); err != nil {
 		return err
 	}
 	if err := c.Sandbox.validate(); err != nil {

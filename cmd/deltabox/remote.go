@@ -1,0 +1,25 @@
+//go:build !cli
+
+package main
+
+import (
+	"context"
+	"net/http"
+	"path/filepath"
+
+	"github.com/deltabox/deltabox/internal/config"
+	"github.com/deltabox/deltabox/orchestrator/remote"
+)
+
+// serveRemote starts the host API's TCP listener (TLS and bearer tokens) when [api] tcp_address
+// is set; it stops with ctx.
+func serveRemote(ctx context.Context, c config.API, root string, h http.Handler) error {
+	if c.TCPAddress == "" {
+		return nil
+	}
+	_, err := remote.Serve(ctx, remote.Options{
+		Address: c.TCPAddress, TokensFile: c.TokensFile, CertFile: c.TLSCertFile, KeyFile: c.TLSKeyFile,
+		TLSDir: filepath.Join(root, "api-tls"), ClientCAFile: c.ClientCAFile,
+	}, h)
+	return err
+}
