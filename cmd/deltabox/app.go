@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -69,7 +70,13 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		CommandNotFound: func(c *cli.Context, name string) {},
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "address", Aliases: []string{"a"}, Value: client.DefaultAddress,
-				EnvVars: []string{"DELTABOX_ADDRESS"}, Usage: "daemon API socket"},
+				EnvVars: []string{"DELTABOX_ADDRESS"}, Usage: "daemon API: its unix socket, or tcp://host:port (TLS and a token)"},
+			&cli.StringFlag{Name: "token-file", EnvVars: []string{"DELTABOX_TOKEN_FILE"},
+				Usage: "`FILE` whose first line is the bearer token for a tcp:// address (or set DELTABOX_TOKEN)"},
+			&cli.StringFlag{Name: "ca-file", EnvVars: []string{"DELTABOX_CA_FILE"},
+				Usage: "PEM `FILE` of the CA (or the daemon's self-signed certificate) a tcp:// daemon's certificate must chain to"},
+			&cli.StringFlag{Name: "cert-file", EnvVars: []string{"DELTABOX_CERT_FILE"}, Usage: "client certificate `FILE` (PEM) for a tcp:// daemon that asks for one"},
+			&cli.StringFlag{Name: "key-file", EnvVars: []string{"DELTABOX_KEY_FILE"}, Usage: "key `FILE` (PEM) of --cert-file"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "output `FORMAT`: text, wide, json or yaml (before or after the verb)"},
 			&cli.StringFlag{Name: "format", Usage: "print with a Go `TEMPLATE` over the JSON fields, e.g. '{{.sandbox}} {{.pool}}' (once per item of a list)"},
 		},
@@ -127,8 +134,44 @@ func validateGlobal(c *cli.Context) error {
 	return nil
 }
 
-// newClient returns an API client for the socket named by --address.
-func newClient(c *cli.Context) *client.Client { return client.New(c.String("address")) }
+// newClient returns an API client for the daemon named by --address (a bad address, token or
+// certificate fails its first request).
+func newClient(c *cli.Context) *client.Client {
+	addr := c.String("address")
+	o := client.Options{CAFile: c.String("ca-file"), CertFile: c.String("cert-file"), KeyFile: c.String("key-file")}
+	if strings.HasPrefix(addr, "tcp://") {
+		token, err := readToken(c.String("token-file"))
+		if err != nil {
+			return client.Failed(addr, err)
+		}
+		o.Token = token
+	}
+	cl, err := client.Dial(addr, o)
+	if err != nil {
+		return client.Failed(addr, err)
+	}
+	return cl
+}
+
+// readToken returns DELTABOX_TOKEN, or the first line of file that is not blank or a comment.
+func readToken(file string) (string, error) {
+	if t := os.Getenv("DELTABOX_TOKEN"); t != "" {
+		return t, nil
+	}
+	if file == "" {
+		return "", nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("token file: %w", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			return line, nil
+		}
+	}
+	return "", fmt.Errorf("token file %s holds no token", file)
+}
 
 // exactArgs checks the number of positional arguments.
 func exactArgs(c *cli.Context, n int, names string) error {

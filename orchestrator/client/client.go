@@ -1,4 +1,5 @@
-// Package client is the Go client of DeltaBox's HTTP/JSON API over its unix socket. The CLI
+// Package client is the Go client of DeltaBox's HTTP/JSON API over its unix socket (or over
+// TCP with TLS and a bearer token: Dial). The CLI
 // is built on it; pipelines in Go can use it directly. Errors from the daemon come back as
 // errdefs classes (errdefs.IsNotFound(err) and so on).
 package client
@@ -6,6 +7,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +16,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -28,7 +33,68 @@ const DefaultAddress = "/run/deltabox/deltabox.sock"
 type Client struct {
 	address string
 	http    *http.Client
+	// base is the URL requests go to: http://deltabox over the socket, https://host:port on TCP.
+	base string
+	// token is the bearer token sent on TCP.
+	token string
+	// err, when set, fails every request (Dial's error, for callers that report it late).
+	err error
 }
+
+// Options are what a client needs for a tcp:// daemon: TLS and a bearer token.
+type Options struct {
+	// Token is the bearer token (required on TCP).
+	Token string
+	// CAFile is a PEM file of the CA (or the daemon's self-signed certificate) to trust;
+	// empty: the system's roots.
+	CAFile string
+	// CertFile and KeyFile are a client certificate, for a daemon that asks for one (mTLS).
+	CertFile, KeyFile string
+}
+
+// Dial returns a client for address: a unix socket (/path or unix:///path), or tcp://host:port
+// (TLS, with the token and certificates of o).
+func Dial(address string, o Options) (*Client, error) {
+	rest, ok := strings.CutPrefix(address, "tcp://")
+	if !ok {
+		if p, ok := strings.CutPrefix(address, "unix://"); ok {
+			address = p
+		}
+		if strings.Contains(address, "://") {
+			return nil, fmt.Errorf("daemon address %q: want a unix socket path or tcp://host:port: %w", address, errdefs.ErrInvalidArgument)
+		}
+		return New(address), nil
+	}
+	if _, _, err := net.SplitHostPort(rest); err != nil || strings.ContainsAny(rest, "/?#") {
+		return nil, fmt.Errorf("daemon address %q: want tcp://host:port: %w", address, errdefs.ErrInvalidArgument)
+	}
+	if o.Token == "" {
+		return nil, fmt.Errorf("daemon address %s: a tcp:// daemon needs a token (--token-file or DELTABOX_TOKEN): %w", address, errdefs.ErrInvalidArgument)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.CAFile != "" {
+		pemData, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("CA file: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pemData) {
+			return nil, fmt.Errorf("CA file %s holds no PEM certificate: %w", o.CAFile, errdefs.ErrInvalidArgument)
+		}
+	}
+	if o.CertFile != "" || o.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	tr := &http.Transport{TLSClientConfig: cfg, MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second, Proxy: nil}
+	return &Client{address: address, http: &http.Client{Transport: tr}, base: "https://" + rest, token: o.Token}, nil
+}
+
+// Failed returns a client whose every request fails with err.
+func Failed(address string, err error) *Client { return &Client{address: address, err: err} }
 
 // New returns a client for the daemon listening on the unix socket address.
 func New(address string) *Client {
@@ -40,7 +106,7 @@ func New(address string) *Client {
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	return &Client{address: address, http: &http.Client{Transport: tr}}
+	return &Client{address: address, http: &http.Client{Transport: tr}, base: "http://deltabox"}
 }
 
 // Address is the socket this client dials.
@@ -86,9 +152,15 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 
 // sendRaw issues a request with the given body and content type.
 func (c *Client) sendRaw(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, "http://deltabox"+api.Version+path, body)
+	if c.err != nil {
+		return nil, c.err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+api.Version+path, body)
 	if err != nil {
 		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)

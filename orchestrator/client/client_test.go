@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,3 +121,27 @@ func TestUndecodableErrorTakesTheStatusClass(t *testing.T) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func TestDialAddresses(t *testing.T) {
+	if c, err := Dial("unix:///run/x.sock", Options{}); err != nil || c.Address() != "/run/x.sock" {
+		t.Fatalf("unix:// address: %v %v", c, err)
+	}
+	for _, bad := range []struct{ addr, want string }{
+		{"http://host:1", "want a unix socket path or tcp://host:port"},
+		{"tcp://host", "want tcp://host:port"},
+		{"tcp://host:1/path", "want tcp://host:port"},
+		{"tcp://host:1", "needs a token"},
+	} {
+		_, err := Dial(bad.addr, Options{})
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Dial(%q): %v", bad.addr, err)
+		}
+	}
+	if _, err := Dial("tcp://host:1", Options{Token: "t", CAFile: "/no/such/ca.pem"}); err == nil {
+		t.Error("a missing CA file was accepted")
+	}
+	c := Failed("tcp://host:1", errdefs.ErrInvalidArgument)
+	if _, err := c.Info(context.Background()); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a Failed client answered %v", err)
+	}
+}

@@ -1,11 +1,14 @@
-"""HTTP over a unix socket with the standard library (http.client), one kept-alive
-connection per thread for JSON calls and a fresh one for each stream."""
+"""HTTP over a unix socket (or over TCP with TLS and a bearer token, for a ``tcp://host:port``
+address) with the standard library (http.client), one kept-alive connection per thread for
+JSON calls and a fresh one for each stream."""
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import select
 import socket
+import ssl
 import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Union
 from urllib.parse import urlencode
@@ -29,10 +32,37 @@ def socket_path(address: str) -> str:
         address = address[len("unix:"):]
     if not address.startswith("/") and "://" in address:
         raise errors.InvalidArgument(
-            f"address {address!r}: only unix sockets are supported (a path or unix:///path)")
+            f"address {address!r}: want a unix socket (a path or unix:///path) or tcp://host:port")
     if not address:
         raise errors.InvalidArgument("empty daemon address")
     return address
+
+
+def tcp_endpoint(address: str) -> Optional[Tuple[str, int]]:
+    """(host, port) of a ``tcp://host:port`` address; None for a unix socket."""
+    if not address.startswith("tcp://"):
+        return None
+    rest = address[len("tcp://"):]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or "/" in rest:
+        raise errors.InvalidArgument(f"address {address!r}: want tcp://host:port")
+    return host.strip("[]"), int(port)
+
+
+def _token(token: Optional[str], token_file: Optional[str]) -> Optional[str]:
+    token = token or os.environ.get("DELTABOX_TOKEN") or None
+    token_file = token_file or os.environ.get("DELTABOX_TOKEN_FILE") or None
+    if token or not token_file:
+        return token
+    try:
+        with open(token_file, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    return line
+    except OSError as e:
+        raise errors.InvalidArgument(f"token file {token_file}: {e.strerror}") from None
+    raise errors.InvalidArgument(f"token file {token_file} holds no token")
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -70,12 +100,40 @@ def _alive(conn: http.client.HTTPConnection) -> bool:
 
 
 class Transport:
-    """Sends requests to one daemon (or sandbox) socket."""
+    """Sends requests to one daemon (or sandbox) API: a unix socket, or ``tcp://host:port``
+    over TLS with a bearer token (``token``, else ``DELTABOX_TOKEN``, else the first line of
+    ``token_file`` / ``DELTABOX_TOKEN_FILE``), trusting ``ca_file`` / ``DELTABOX_CA_FILE`` (else
+    the system's roots), with an optional client certificate (mTLS)."""
 
-    def __init__(self, address: str, timeout: Optional[float] = None) -> None:
-        self.address = socket_path(address)
+    def __init__(self, address: str, timeout: Optional[float] = None, *, token: Optional[str] = None,
+                 token_file: Optional[str] = None, ca_file: Optional[str] = None,
+                 cert_file: Optional[str] = None, key_file: Optional[str] = None) -> None:
         self.timeout = timeout
         self._local = threading.local()
+        self._headers: Dict[str, str] = {}
+        self._tcp = tcp_endpoint(address)
+        self._ssl: Optional[ssl.SSLContext] = None
+        if self._tcp is None:
+            self.address = socket_path(address)
+            return
+        self.address = address
+        tok = _token(token, token_file)
+        if not tok:
+            raise errors.InvalidArgument(
+                f"address {address}: a tcp:// daemon needs a token (token=, DELTABOX_TOKEN or DELTABOX_TOKEN_FILE)")
+        self._headers["Authorization"] = "Bearer " + tok
+        ca_file = ca_file or os.environ.get("DELTABOX_CA_FILE") or None
+        try:
+            self._ssl = ssl.create_default_context(cafile=ca_file)
+            cert_file = cert_file or os.environ.get("DELTABOX_CERT_FILE") or None
+            key_file = key_file or os.environ.get("DELTABOX_KEY_FILE") or None
+            if cert_file:
+                self._ssl.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as e:
+            raise errors.InvalidArgument(f"TLS files for {address}: {e}") from None
+
+    def __repr__(self) -> str:
+        return f"Transport({self.address!r})"  # never the token
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -86,10 +144,14 @@ class Transport:
     def _unreachable(self, err: OSError) -> errors.DaemonUnreachable:
         return errors.DaemonUnreachable(
             f"cannot reach the DeltaBox daemon at {self.address} (is `deltabox daemon` running? "
-            f"set DELTABOX_ADDRESS to its socket): {err}")
+            f"set DELTABOX_ADDRESS to its socket or tcp://host:port): {err}")
 
-    def _connect(self) -> _UnixConnection:
-        conn = _UnixConnection(self.address, self.timeout)
+    def _connect(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection
+        if self._tcp is not None:
+            conn = http.client.HTTPSConnection(self._tcp[0], self._tcp[1], timeout=self.timeout, context=self._ssl)
+        else:
+            conn = _UnixConnection(self.address, self.timeout)
         try:
             conn.connect()
         except OSError as e:
@@ -105,7 +167,9 @@ class Transport:
              raw_body: Optional[bytes] = None) -> Any:
         """A JSON request on the thread's kept-alive connection; the decoded JSON answer."""
         data = raw_body if raw_body is not None else (None if body is None else json.dumps(body).encode())
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers = dict(self._headers)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
         target = self.url(path, query)
         for attempt in (0, 1):
             conn = getattr(self._local, "conn", None)
@@ -137,12 +201,12 @@ class Transport:
         raise AssertionError("unreachable")
 
     def open(self, method: str, path: str, query: Optional[Dict[str, Any]] = None, body: Body = None,
-             content_type: str = "application/json") -> Tuple[_UnixConnection, http.client.HTTPResponse]:
+             content_type: str = "application/json") -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """A request on a new connection whose answer is streamed; an error answer is raised.
         The caller closes the connection."""
         conn = self._connect()
         try:
-            conn.request(method, self.url(path, query), body=body, headers={"Content-Type": content_type},
+            conn.request(method, self.url(path, query), body=body, headers={**self._headers, "Content-Type": content_type},
                          encode_chunked=body is not None and not isinstance(body, (bytes, bytearray)))
             resp = conn.getresponse()
         except OSError as e:
@@ -154,7 +218,7 @@ class Transport:
             _decode(resp.status, payload, method, path)
         return conn, resp
 
-    def duplex(self, method: str, path: str, head: bytes, stdin: Iterable[bytes]) -> Tuple[_UnixConnection, http.client.HTTPResponse, threading.Thread, list]:
+    def duplex(self, method: str, path: str, head: bytes, stdin: Iterable[bytes]) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse, threading.Thread, list]:
         """A chunked request whose body is head then stdin, sent by a thread while the answer
         is read (the daemon streams output while input still comes)."""
         conn = self._connect()
@@ -162,6 +226,8 @@ class Transport:
             conn.putrequest(method, path, skip_accept_encoding=True)
             conn.putheader("Content-Type", "application/x-ndjson")
             conn.putheader("Transfer-Encoding", "chunked")
+            for k, v in self._headers.items():
+                conn.putheader(k, v)
             conn.endheaders()
         except OSError as e:
             conn.close()

@@ -49,8 +49,8 @@ class _Async:
 class AsyncClient(_Async):
     """``Client``, awaitable: ``await client.lease("py")`` answers an ``AsyncSandbox``."""
 
-    def __init__(self, address: Optional[str] = None, timeout: Optional[float] = None) -> None:
-        self._sync = Client(address, timeout)
+    def __init__(self, address: Optional[str] = None, timeout: Optional[float] = None, **tls: Any) -> None:
+        self._sync = Client(address, timeout, **tls)
 
     async def __aenter__(self) -> "AsyncClient":
         return self

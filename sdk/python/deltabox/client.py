@@ -12,14 +12,21 @@ from .sandbox import Sandbox
 class Client:
     """A connection to the daemon's API socket.
 
-    ``address`` is the socket (``/path`` or ``unix:///path``); by default ``DELTABOX_ADDRESS``
-    or /run/deltabox/deltabox.sock. ``timeout`` (seconds) bounds each socket operation; None
+    ``address`` is the socket (``/path`` or ``unix:///path``), or ``tcp://host:port`` (TLS, with
+    a bearer token: ``token``, else ``DELTABOX_TOKEN``, else the first line of ``token_file`` /
+    ``DELTABOX_TOKEN_FILE``; the daemon's certificate must chain to ``ca_file`` /
+    ``DELTABOX_CA_FILE``, else to the system's roots); by default ``DELTABOX_ADDRESS`` or
+    /run/deltabox/deltabox.sock. ``timeout`` (seconds) bounds each socket operation; None
     waits as long as the daemon takes. Answers are the API's JSON objects as dicts, with the
     API's field names unchanged (docs/api/openapi.yaml).
     """
 
-    def __init__(self, address: Optional[str] = None, timeout: Optional[float] = None) -> None:
-        self.transport = Transport(address or os.environ.get("DELTABOX_ADDRESS") or DEFAULT_ADDRESS, timeout)
+    def __init__(self, address: Optional[str] = None, timeout: Optional[float] = None, *,
+                 token: Optional[str] = None, token_file: Optional[str] = None, ca_file: Optional[str] = None,
+                 cert_file: Optional[str] = None, key_file: Optional[str] = None) -> None:
+        self.transport = Transport(address or os.environ.get("DELTABOX_ADDRESS") or DEFAULT_ADDRESS, timeout,
+                                   token=token, token_file=token_file, ca_file=ca_file, cert_file=cert_file,
+                                   key_file=key_file)
 
     @property
     def address(self) -> str:
