@@ -105,6 +105,8 @@ func TestCLIConventions(t *testing.T) {
 				t.Fatalf("pool create --wait answered %v (ready %d), want 2 ready\n%s", err, p.Ready, out)
 			}
 		}},
+		// 8. info shows where sandboxes reach the host and the proxy.
+		{name: "info shows the gateway and the proxy", args: []string{"info"}, stdout: []string{"Sandbox network:", "the host (gateway) at " + d.net.subnet.Addr().Next().String(), "Egress proxy:", "http://" + d.net.subnet.Addr().Next().String() + ":"}},
 		// 2. output like kubectl.
 		{name: "-o json after the verb", args: []string{"ls", "-o", "json"}, check: func(t *testing.T, out, _ string) {
 			var sbs []api.Sandbox

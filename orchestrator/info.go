@@ -36,6 +36,9 @@ func (o *Orchestrator) Info(ctx context.Context) (api.Info, error) {
 		Snapshots: api.SnapshotTrust{SigningKey: snapsign.Fingerprint(o.signer.Public()),
 			PublicKey: snapsign.Inline(o.signer.Public()), Trusted: o.trust.Trusted()},
 	}
+	if o.net != nil {
+		info.Network = &api.Network{Subnet: o.net.Subnet().String(), Gateway: o.net.Gateway().String(), Proxy: o.net.ProxyURL()}
+	}
 	return info, nil
 }
 

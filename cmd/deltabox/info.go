@@ -58,6 +58,12 @@ func printInfo(w io.Writer, r infoResult) {
 	row("Change tracking", "%s", r.Host.ChangeTracking)
 	row("State root", "%s", r.StateRoot)
 	row("Object store", "%s", r.Store.URI)
+	if n := r.Network; n != nil {
+		row("Sandbox network", "%s, the host (gateway) at %s", n.Subnet, n.Gateway)
+		row("Egress proxy", "%s (HTTP_PROXY and HTTPS_PROXY of every sandbox)", n.Proxy)
+	} else {
+		row("Sandbox network", "none (sandboxes have loopback only)")
+	}
 	iso := r.Sandbox.Isolation
 	row("Sandbox seccomp", "%s", orNone(iso.Seccomp))
 	row("Sandbox user namespace", "%t (by default; a pool may opt out; each sandbox gets its own range of %d host ids from %d)",

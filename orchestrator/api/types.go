@@ -20,6 +20,17 @@ type Info struct {
 	// Sandbox is the isolation every sandbox gets and the limits of those whose pool sets none.
 	Sandbox   SandboxDefaults `json:"sandbox"`
 	Snapshots SnapshotTrust   `json:"snapshots"`
+	// Network is the sandbox network: where sandboxes reach the host and the egress proxy
+	// (absent when sandboxes have loopback only).
+	Network *Network `json:"network,omitempty"`
+}
+
+// Network is the sandbox network as sandboxes see it.
+type Network struct {
+	Subnet  string `json:"subnet"`
+	Gateway string `json:"gateway"` // the host's address on the sandbox network
+	// Proxy is the egress proxy every sandbox's HTTP_PROXY/HTTPS_PROXY names.
+	Proxy string `json:"proxy"`
 }
 
 // SnapshotTrust is the key this node signs snapshot manifests with and the keys whose

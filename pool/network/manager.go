@@ -89,6 +89,9 @@ func (m *Manager) Gateway() netip.Addr { return m.gateway }
 // ProxyURL returns the URL sandboxes use as HTTP(S)_PROXY.
 func (m *Manager) ProxyURL() string { return proxyURL(m.gateway, m.opts.ProxyPort) }
 
+// Subnet is the sandbox subnet.
+func (m *Manager) Subnet() netip.Prefix { return m.opts.Subnet }
+
 // NetNSPath returns where the sandbox's network namespace is (or would be) pinned.
 func (m *Manager) NetNSPath(id string) string {
 	return filepath.Join(m.opts.NetNSDir, m.opts.NetworkName+"-"+id)
