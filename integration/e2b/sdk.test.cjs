@@ -206,6 +206,23 @@ test('metadata: a checkpoint before every command', async (t) => {
   assert.equal(await sb.files.exists('/tmp/one'), true)
 })
 
+test('metadata: the egress policy of the sandbox', async (t) => {
+  const deny = 'version: 1\ndefault: deny\nrules: []\n'
+  const sb = await create(t, { metadata: { 'deltabox.egress_policy': deny } })
+  const r = await sb.commands.run('wget -q -O- http://192.0.2.1/ 2>&1; true')
+  assert.match(r.stdout, /403|[Ff]orbidden|denied/, 'the proxy refused the request under the deny policy')
+  await assert.rejects(create(t, { metadata: { 'deltabox.egress_policy': 'version: 1\ndefault: sideways\n' } }), /400.*egress policy/)
+  await assert.rejects(create(t, { metadata: { 'deltabox.checkpoint': 'sometimes' } }), /400.*deltabox.checkpoint/)
+})
+
+test('commands as a named user; octet-stream uploads', async (t) => {
+  const sb = await create(t)
+  assert.equal((await sb.commands.run('id -u', { user: 'root' })).stdout, '0\n')
+  await assert.rejects(sb.commands.run('true', { user: 'no-such-user' }), CommandExitError)
+  await sb.files.write('/tmp/octet.bin', 'octets', { useOctetStream: true })
+  assert.equal(await sb.files.read('/tmp/octet.bin'), 'octets')
+})
+
 test('bad input: wrong key, unknown template, another tenant', async (t) => {
   await assert.rejects(Sandbox.create(template, { apiKey: 'not-a-key-of-this-gateway' }), AuthenticationError)
   await assert.rejects(Sandbox.create('no-such-pool'), (err) => {

@@ -42,6 +42,8 @@ type process struct {
 	userTag string // the tag the SDK gave, if any
 	cfg     processConfig
 	stdin   *io.PipeWriter // nil: stdin closed from the start
+	ctx     context.Context
+	cancel  context.CancelFunc // kills the exec (its connection to the init closes)
 
 	mu   sync.Mutex
 	subs map[*subscriber]bool
@@ -133,6 +135,7 @@ func (sb *sandbox) spawn(ctx context.Context, req *startRequest) (*process, *sub
 	}
 	sb.nextPid++
 	p := &process{pid: sb.nextPid, cfg: req.Process, subs: map[*subscriber]bool{}, done: make(chan struct{})}
+	p.ctx, p.cancel = context.WithCancel(sb.ctx)
 	p.tag = "e2b-" + strconv.FormatUint(uint64(p.pid), 10)
 	if req.Tag != nil {
 		p.userTag = *req.Tag
@@ -156,9 +159,13 @@ func (sb *sandbox) spawn(ctx context.Context, req *startRequest) (*process, *sub
 
 // run executes the command and publishes its end.
 func (sb *sandbox) run(p *process, er api.ExecRequest, stdin io.Reader) {
-	st, err := sb.g.b.Exec(sb.ctx, sb.id, er, stdin, outWriter{p: p}, outWriter{p: p, stderr: true})
+	defer p.cancel()
+	st, err := sb.g.b.Exec(p.ctx, sb.id, er, stdin, outWriter{p: p}, outWriter{p: p, stderr: true})
 	end := &endEvent{ExitCode: int32(st.Code), Exited: true, Status: "exit status " + strconv.Itoa(st.Code)}
 	switch {
+	case err != nil && p.ctx.Err() != nil && sb.ctx.Err() == nil: // killed through the API
+		end = &endEvent{ExitCode: 137, Exited: true, Status: "signal: killed"}
+		err = nil
 	case err != nil:
 		msg := err.Error()
 		end = &endEvent{ExitCode: -1, Status: "error", Error: &msg}
@@ -353,7 +360,10 @@ func (g *Gateway) sendSignal(ctx context.Context, sb *sandbox, req *sendSignalRe
 	default:
 		return nil, fmt.Errorf("signal %v: want SIGKILL or SIGTERM: %w", req.Signal, errdefs.ErrInvalidArgument)
 	}
-	if _, err := g.b.KillTag(ctx, sb.id, p.tag); err != nil {
+	// Closing the exec's connection makes the init SIGKILL its process group (also when the
+	// command has not started yet); the kill by tag then gets descendants that left the group.
+	p.cancel()
+	if _, err := g.b.KillTag(ctx, sb.id, p.tag); err != nil && !errdefs.IsNotFound(err) {
 		return nil, err
 	}
 	return &empty{}, nil
