@@ -119,7 +119,8 @@ func TestTimeTravelLookWithoutMoving(t *testing.T) {
 	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /w && echo one > /w/f")
 	d.cli("state", "patch", id, `[{"op":"add","path":"/at","value":"one"}]`)
 	d.cli("checkpoint", "create", id, "--name", "one")
-	if _, _, code := d.cliRaw("exec", id, "--", "sh", "-c", "echo two > /w/f; echo oops >&2; ln -s /etc /w/link; exit 3"); code == 0 {
+	if _, _, code := d.cliRaw("exec", id, "--", "sh", "-c", "echo two > /w/f; echo oops >&2; ln -s /etc /w/link; "+
+		"mkdir -p /w/__pycache__ && echo x > /w/__pycache__/m.pyc && printf 'a\\000b' > /w/bin.dat; exit 3"); code == 0 {
 		t.Fatal("exec exit 3 not passed on")
 	}
 	d.cli("state", "patch", id, `[{"op":"replace","path":"/at","value":"two"}]`)
@@ -147,6 +148,23 @@ func TestTimeTravelLookWithoutMoving(t *testing.T) {
 	}
 	if d.stateDoc(id) != `{"at":"two"}` || d.checkpointHead(id) != "3" {
 		t.Fatalf("looking moved the sandbox: state %s head %s", d.stateDoc(id), d.checkpointHead(id))
+	}
+	// diff -p: unified diffs for text, size and digest for binary, default ignores, paths, stat.
+	patch := d.cli("diff", id, "one", "two", "-p")
+	for _, want := range []string{"--- a/w/f", "+++ b/w/f", "-one", "+two", "Binary /w/bin.dat: none -> 3 bytes sha256:"} {
+		if !strings.Contains(patch, want) {
+			t.Errorf("diff -p lacks %q:\n%s", want, patch)
+		}
+	}
+	if strings.Contains(patch, "__pycache__") || !strings.Contains(d.cli("diff", id, "one", "two", "--all"), "__pycache__") {
+		t.Errorf("default ignores not applied, or --all not showing everything:\n%s", patch)
+	}
+	if st := d.cli("diff", id, "one", "two", "--stat", "/w/f"); !strings.Contains(st, "/w/f | +1 -1") || strings.Contains(st, "bin.dat") {
+		t.Errorf("diff --stat /w/f:\n%s", st)
+	}
+	d.cli("exec", id, "--", "sh", "-c", "echo three > /w/f")
+	if now := d.cli("diff", id, "two", "-p", "/w/f"); !strings.Contains(now, "+three") {
+		t.Errorf("diff two (to now) -p:\n%s", now)
 	}
 	var sb api.Storyboard
 	d.cliJSON(&sb, "log", id)

@@ -2,16 +2,15 @@ package orchestrator
 
 import (
 	"context"
-	"fmt"
 	"path"
-
-	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
-// Diff reports what changed between checkpoints from and to ("" = now): files, state ops and
-// effects. from defaults to the latest checkpoint.
+// Diff reports what changed between checkpoints from and to ("" = now; both references):
+// files, state ops and effects. from defaults to the head. Files compare across branches too;
+// state ops and effects are listed only when from is an ancestor of to (they are the ops the
+// checkpoint records kept on the way, then those since the head), else they are empty.
 func (o *Orchestrator) Diff(ctx context.Context, id, from, to string) (api.Diff, error) {
 	s, err := o.session(ctx, id)
 	if err != nil {
@@ -37,22 +36,20 @@ func (o *Orchestrator) Diff(ctx context.Context, id, from, to string) (api.Diff,
 	if to != "" {
 		toID = to
 	}
-	if !s.isAncestor(from, toID) {
-		return api.Diff{}, fmt.Errorf("diff from %s to %s: %s is not an ancestor of %s (compare files across branches with the files diff): %w",
-			from, to, from, toID, errdefs.ErrInvalidArgument)
-	}
 	d := api.Diff{ID: id, From: from, To: to}
 	if d.Files, err = s.fileDiff(ctx, from, to); err != nil {
 		return d, err
 	}
-	toSeq, toWM := s.state.Seq(), uint64(0)
-	if to != "" {
-		toSeq, toWM = s.ckpts[ti].StateSeq, s.ckpts[ti].EffectsWatermark
+	if s.isAncestor(from, toID) {
+		if d.State, err = s.stateOpsBetween(from, toID, to == ""); err != nil {
+			return d, err
+		}
+		toWM := uint64(0)
+		if to != "" {
+			toWM = s.ckpts[ti].EffectsWatermark
+		}
+		d.Effects, err = o.effects.List(ctx, id, s.ckpts[fi].EffectsWatermark, toWM)
 	}
-	if d.State, err = s.stateLog(s.ckpts[fi].StateSeq, toSeq); err != nil {
-		return d, err
-	}
-	d.Effects, err = o.effects.List(ctx, id, s.ckpts[fi].EffectsWatermark, toWM)
 	if d.State == nil { // lists are [] on the wire, never null
 		d.State = []api.StateEntry{}
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/orchestrator/state"
 )
 
@@ -117,4 +118,24 @@ func (s *session) stateAt(i int, p string) ([]byte, error) {
 		}
 	}
 	return doc.Get(p)
+}
+
+// stateOpsBetween lists the state ops from checkpoint from down to its descendant to (the
+// ops the records on the way keep), and with live the ops since the head (to is the head).
+func (s *session) stateOpsBetween(from, to string, live bool) ([]api.StateEntry, error) {
+	out := []api.StateEntry{}
+	_, _, down := s.pathBetween(from, to)
+	for _, id := range down {
+		for _, e := range s.ckpts[s.find(id)].StateOps {
+			out = append(out, stateEntry(e))
+		}
+	}
+	if live {
+		since, err := s.stateLog(s.headSeq, s.state.Seq())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, since...)
+	}
+	return out, nil
 }

@@ -153,21 +153,12 @@ func commitCommand() *cli.Command {
 
 func diffCommand() *cli.Command {
 	return &cli.Command{
-		Name: "diff", Usage: "what changed between two checkpoints (or a checkpoint and now)", ArgsUsage: "ID",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "from", Usage: "checkpoint (default: the latest)"},
-			&cli.StringFlag{Name: "to", Usage: "checkpoint (default: now)"},
-		},
-		Action: func(c *cli.Context) error {
-			if err := exactArgs(c, 1, "ID"); err != nil {
-				return err
-			}
-			d, err := newClient(c).Diff(c.Context, c.Args().First(), c.String("from"), c.String("to"))
-			if err != nil {
-				return err
-			}
-			return printResult(c, d, func(w io.Writer) { printDiff(w, d) })
-		},
+		Name: "diff", Usage: "what changed between two checkpoints (or a checkpoint and now)", ArgsUsage: "ID [FROM [TO]] [PATH...]",
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "from", Usage: "checkpoint reference (default: @, the head)"},
+			&cli.StringFlag{Name: "to", Usage: "checkpoint reference (default: now)"},
+		}, diffFlags()...),
+		Action: diffAction,
 	}
 }
 
