@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -123,6 +124,12 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container, f found) {
 	default:
 		var err error
 		if inst, err = m.probe(ctx, c); err != nil {
+			if rec.Lease != nil && !errors.Is(err, errTaskGone) {
+				// Its processes run: a network record gone missing or an init that does
+				// not answer is no reason to throw the user's work away.
+				m.quarantineContainer(ctx, c, f, "leased, but it could not be taken back at start: "+err.Error())
+				return
+			}
 			reason = err.Error()
 		}
 	}
@@ -171,9 +178,16 @@ func leaseOf(r record) string {
 	return "lease " + r.Lease.ID
 }
 
+// errTaskGone is a probe's answer for a container whose task is not running: nothing of it
+// runs, so even a leased one is destroyed at start.
+var errTaskGone = errors.New("task not running")
+
 // probe checks that a container's task runs and its init answers.
 func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance, error) {
 	task, err := c.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: no task: %w", errTaskGone, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("no task: %w", err)
 	}
@@ -186,10 +200,10 @@ func (m *Manager) probe(ctx context.Context, c containerd.Container) (*instance,
 		}
 	}
 	if err == nil && st.Status == containerd.Stopped { // its init exited while no daemon ran
-		return nil, fmt.Errorf("task not running (stopped, exit status %d): %w", st.ExitStatus, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("%w (stopped, exit status %d): %w", errTaskGone, st.ExitStatus, errdefs.ErrFailedPrecondition)
 	}
 	if err != nil || st.Status != containerd.Running {
-		return nil, fmt.Errorf("task not running (%s, %v): %w", st.Status, err, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("%w (%s, %v): %w", errTaskGone, st.Status, err, errdefs.ErrFailedPrecondition)
 	}
 	inst := m.rt.newInstance(c.ID(), task.Pid())
 	if inst.layout, err = m.rt.layoutOf(ctx, c); err != nil {
