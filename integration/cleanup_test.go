@@ -65,9 +65,24 @@ func destroyNodeContainers(t testing.TB, e env, root string) {
 type testNet struct {
 	name   string
 	subnet netip.Prefix
+	lock   *os.File // held while the network is in use (nil: none could be taken)
 }
 
+// testNetwork picks a network number from n on that no other test process holds: its lock
+// file is flocked until uninstall (or the process exits). Two test processes on one network
+// name tear down each other's namespaces and bridge: a soak once lost all its leases that way.
 func testNetwork(n int) testNet {
+	for i := range 200 {
+		k := (n+i)%200 + 20
+		f, err := os.OpenFile(fmt.Sprintf("/tmp/deltabox-testnet-%d.lock", k), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			break
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			return testNet{name: fmt.Sprintf("dbxt%d", k), subnet: netip.MustParsePrefix(fmt.Sprintf("10.215.%d.0/24", k)), lock: f}
+		}
+		f.Close()
+	}
 	k := n%200 + 20
 	return testNet{name: fmt.Sprintf("dbxt%d", k), subnet: netip.MustParsePrefix(fmt.Sprintf("10.215.%d.0/24", k))}
 }
@@ -86,10 +101,19 @@ func (n testNet) uninstall(t testing.TB) {
 		m, err = network.New(ctx, network.Options{StateDir: t.TempDir(), NetworkName: n.name, Bridge: n.name, Subnet: n.subnet, ProxyPort: 3128})
 		if err == nil {
 			if err = m.Uninstall(ctx); err == nil {
+				n.release()
 				return
 			}
 		}
 		time.Sleep(time.Second)
 	}
 	t.Logf("could not remove test network %s: %v", n.name, err)
+	n.release()
+}
+
+// release lets other test processes have the network number again.
+func (n testNet) release() {
+	if n.lock != nil {
+		n.lock.Close()
+	}
 }
