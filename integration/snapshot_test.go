@@ -159,7 +159,7 @@ func TestSnapshotAcrossNodesThroughS3(t *testing.T) {
 		t.Setenv(k, v)
 	}
 	a := startDaemonOn(t, e1, "")
-	b := startDaemonOn(t, e2, trustConfig(a))        // a fleet: B trusts A's signing key
+	b := startDaemonOn(t, e2, trustConfig(a))                       // a fleet: B trusts A's signing key
 	b.createPool("py", pythonImage, 0, "--max", "4", "--no-userns") // and runs the same pools
 	id := startCounter(a)
 	before := a.count(id)
