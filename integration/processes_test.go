@@ -243,19 +243,20 @@ func TestProcessTemplatesFromInside(t *testing.T) {
 	d.cli("release", id)
 }
 
-// TestProcessTemplatesDaemonKill kills the daemon with templates alive: the kernel kills
+// TestProcessTemplatesDaemonKill (in a pool whose checkpoints keep processes by default)
+// kills the daemon with templates alive: the kernel kills
 // them with it (PTRACE_O_EXITKILL), so after the restart no stopped process is left in the
 // sandbox, the sandbox runs, the checkpoint says its templates are gone, and a rollback to
 // it restores the files, leaves the processes running as they are and lists them as lost.
 func TestProcessTemplatesDaemonKill(t *testing.T) {
 	d := startDaemon(t)
-	d.createPool("py", pythonImage, 1)
+	d.createPool("py", pythonImage, 1, "--checkpoint-processes") // the default of checkpoint create
 	id := d.lease("py").ID
 	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /work && cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
 	py := startPiped(d, id, "py", "python3 /repl.py")
 	py.ask("v = 1")
 	var ck api.Checkpoint
-	d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+	d.cliJSON(&ck, "checkpoint", "create", id) // processes: the pool's default
 	if len(ck.Processes) != 1 || ck.Processes[0].Kept != api.KeptTemplate {
 		t.Fatalf("checkpoint processes: %+v", ck.Processes)
 	}

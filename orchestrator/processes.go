@@ -50,7 +50,12 @@ func (o *Orchestrator) tracer() *proctpl.Tracer {
 
 // wantsProcesses resolves a checkpoint request's processes flag against the pool default.
 func (o *Orchestrator) wantsProcesses(s *session, req api.CheckpointRequest) (bool, error) {
-	want := s.poolProcesses
+	want := false
+	if o.pools != nil { // the pool's default (unit tests run without a pool manager)
+		if t, err := o.pools.Template(s.sb.Pool); err == nil {
+			want = t.CheckpointProcesses
+		}
+	}
 	if req.Processes != nil {
 		want = *req.Processes
 	}

@@ -49,8 +49,7 @@ type session struct {
 	// tpls are the process templates of checkpoints taken with processes, by checkpoint ID
 	// and the host pid of the process they copy (processes.go). They live as long as the
 	// daemon at most.
-	tpls          map[string]map[int]*proctpl.Template
-	poolProcesses bool // the pool's checkpoint_processes default
+	tpls map[string]map[int]*proctpl.Template
 
 	ready     chan struct{} // closed once open finished
 	openErr   error

@@ -14,13 +14,13 @@ import (
 func poolTemplate(t api.Template) pool.Template {
 	return pool.Template{Name: t.Name, Image: t.Image, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, Pids: t.Pids, DiskBytes: t.DiskBytes,
 		Env: t.Env, Workdir: t.Workdir, Labels: t.Labels, EgressPolicy: t.EgressPolicy, MinReady: t.MinReady, Max: t.Max,
-		NoUserNamespace: t.NoUserNamespace}
+		NoUserNamespace: t.NoUserNamespace, CheckpointProcesses: t.CheckpointProcesses}
 }
 
 func apiTemplate(t pool.Template) api.Template {
 	return api.Template{Name: t.Name, Image: t.Image, CPUs: t.CPUs, MemoryBytes: t.MemoryBytes, Pids: t.Pids, DiskBytes: t.DiskBytes,
 		Env: t.Env, Workdir: t.Workdir, Labels: t.Labels, EgressPolicy: t.EgressPolicy, MinReady: t.MinReady, Max: t.Max,
-		NoUserNamespace: t.NoUserNamespace}
+		NoUserNamespace: t.NoUserNamespace, CheckpointProcesses: t.CheckpointProcesses}
 }
 
 func apiPoolInfo(p pool.PoolInfo) api.PoolInfo {

@@ -23,8 +23,11 @@ type Template struct {
 	// NoUserNamespace runs the pool's sandboxes without a user namespace: root inside is
 	// host root (weaker; see docs/security.md). By default each sandbox has its own.
 	NoUserNamespace bool `json:"no_user_namespace,omitempty"`
-	MinReady        int  `json:"min_ready"`
-	Max             int  `json:"max"`
+	// CheckpointProcesses is the default of a checkpoint's processes flag (keep the
+	// processes as templates, docs/process-templates.md) for the pool's sandboxes.
+	CheckpointProcesses bool `json:"checkpoint_processes,omitempty"`
+	MinReady            int  `json:"min_ready"`
+	Max                 int  `json:"max"`
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)

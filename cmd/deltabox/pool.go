@@ -45,6 +45,7 @@ func poolCreateCommand() *cli.Command {
 			&cli.StringFlag{Name: "workdir", Usage: "default working directory of exec"},
 			&cli.StringSliceFlag{Name: "label", Usage: "K=V label (repeatable)"},
 			&cli.StringFlag{Name: "egress-policy", Usage: "egress policy YAML file"},
+			&cli.BoolFlag{Name: "checkpoint-processes", Usage: "checkpoints keep the processes too by default (checkpoint create --processes)"},
 			&cli.BoolFlag{Name: "wait", Usage: "wait until min-ready sandboxes are ready (a bar on a terminal, progress lines with -o json)"},
 			&cli.DurationFlag{Name: "wait-timeout", Value: 5 * time.Minute, Usage: "give up waiting after this long"},
 			&cli.BoolFlag{Name: "no-userns", Usage: "run without a user namespace: root in the sandbox is host root (weaker; needed for L3 checkpoints, snapshots and forks)"},
@@ -60,7 +61,8 @@ func poolCreate(c *cli.Context) error {
 	t := api.Template{
 		Name: c.Args().First(), Image: c.String("image"), MinReady: c.Int("min-ready"), Max: c.Int("max"),
 		CPUs: c.Float64("cpus"), Pids: c.Int64("pids"), Env: c.StringSlice("env"), Workdir: c.String("workdir"),
-		NoUserNamespace: c.Bool("no-userns"),
+		NoUserNamespace:     c.Bool("no-userns"),
+		CheckpointProcesses: c.Bool("checkpoint-processes"),
 	}
 	var err error
 	if t.Labels, err = parseKV(c.StringSlice("label"), "--label"); err != nil {

@@ -17,8 +17,11 @@ type Template struct {
 	// NoUserNamespace runs the pool's sandboxes without a user namespace: root inside is
 	// host root (weaker; docs/security.md).
 	NoUserNamespace bool `json:"no_user_namespace,omitempty"`
-	MinReady        int  `json:"min_ready"`
-	Max             int  `json:"max"`
+	// CheckpointProcesses is the default of a checkpoint's processes flag (keep the
+	// processes as templates, docs/process-templates.md) for the pool's sandboxes.
+	CheckpointProcesses bool `json:"checkpoint_processes,omitempty"`
+	MinReady            int  `json:"min_ready"`
+	Max                 int  `json:"max"`
 }
 
 // PoolInfo is a pool's template and counts, with the limits (the template's over the node

@@ -244,9 +244,14 @@ class Sandbox:
 
     # --- checkpoints
 
-    def checkpoint(self, message: Optional[str] = None, level: Optional[str] = None) -> Dict[str, Any]:
-        """Take a checkpoint (level "l1" by default, "l2", "l3")."""
-        body = {k: v for k, v in (("message", message), ("level", level)) if v}
+    def checkpoint(self, message: Optional[str] = None, level: Optional[str] = None,
+                   processes: Optional[bool] = None) -> Dict[str, Any]:
+        """Take a checkpoint (level "l1" by default, "l2", "l3"). ``processes`` keeps the
+        sandbox's processes too, as templates a rollback starts copies of (default: the
+        pool's checkpoint_processes)."""
+        body: Dict[str, Any] = {k: v for k, v in (("message", message), ("level", level)) if v}
+        if processes is not None:
+            body["processes"] = processes
         return self._json("POST", "/checkpoints", body)
 
     def checkpoints(self) -> List[Dict[str, Any]]:
