@@ -76,7 +76,7 @@ func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc) *procCut {
 	pc := &procCut{}
 	tpls := s.templatePids()
 	for _, p := range procs {
-		if p.Pid == int(s.sb.InitPid) || tpls[p.Pid] {
+		if p.Pid == int(s.sb.InitPid) || tpls[p.Pid] || exited(p.Pid) {
 			continue
 		}
 		e := procEntry{Proc: p, Kept: api.KeptTemplate}
@@ -134,6 +134,20 @@ func (o *Orchestrator) templateProcesses(ctx context.Context, pc *procCut) (*pro
 		tpls[e.Pid] = tp
 	}
 	return &procCheckpoint{Procs: pc.entries}, tpls
+}
+
+// exited reports whether pid is a zombie (it exited; its parent has not reaped it yet) or
+// gone: there is nothing of it to keep.
+func exited(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 || i+2 >= len(data) {
+		return false
+	}
+	return data[i+2] == 'Z' || data[i+2] == 'X'
 }
 
 // nsPidComm reads a process's pid in its own pid namespace and its command name.
