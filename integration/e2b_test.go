@@ -70,6 +70,8 @@ func TestE2BSDK(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := startE2BDaemon(t, "e2b", 2)
+	// Forks are L3 snapshots, which need a pool without a user namespace.
+	g.createPool("e2b-fork", busyboxImage, 1, "--no-userns")
 
 	t.Run("wrong key is refused before any sandbox is touched", func(t *testing.T) {
 		before, err := g.client().Pool(context.Background(), "e2b")
@@ -101,7 +103,7 @@ func TestE2BSDK(t *testing.T) {
 
 	cmd := exec.Command(node, "--test", "--test-reporter=spec", suite)
 	cmd.Dir = t.TempDir()
-	cmd.Env = append(os.Environ(), append(g.env(), "NODE_PATH="+nodePath, "DELTABOX_E2B_TEMPLATE=e2b",
+	cmd.Env = append(os.Environ(), append(g.env(), "NODE_PATH="+nodePath, "DELTABOX_E2B_TEMPLATE=e2b", "DELTABOX_E2B_FORK_TEMPLATE=e2b-fork",
 		"DELTABOX_E2B_OTHER_KEY="+g.otherKey)...)
 	out, err := cmd.CombinedOutput()
 	t.Logf("node --test %s:\n%s", suite, out)

@@ -54,3 +54,9 @@ func (o *Orchestrator) Thaw(ctx context.Context, id string) error { return o.poo
 
 // Sandboxes lists the leased sandboxes (not the quarantined ones).
 func (o *Orchestrator) Sandboxes() []api.Sandbox { return apiSandboxes(o.pools.List()) }
+
+// ForkSandbox restores count copies of a sandbox from one L3 snapshot of it (as
+// POST /v1/sandboxes/{id}/fork does, without progress events); the snapshot is removed after.
+func (o *Orchestrator) ForkSandbox(ctx context.Context, id string, count int) ([]api.Lease, error) {
+	return o.Fork(ctx, id, api.SnapshotRequest{Count: count}, func(api.Progress) {})
+}

@@ -14,8 +14,8 @@ const apiUrl = process.env.E2B_API_URL
 assert.ok(template && otherKey && apiUrl && process.env.E2B_SANDBOX_URL, 'the Go test sets the environment')
 
 // create makes a sandbox that is killed when the test t ends (the pool is small).
-async function create(t, opts) {
-  const sb = await Sandbox.create(template, opts)
+async function create(t, opts, tmpl = template) {
+  const sb = await Sandbox.create(tmpl, opts)
   t.after(() => sb.kill().catch(() => {}))
   return sb
 }
@@ -176,6 +176,27 @@ test('pause and resume keep the files', async (t) => {
   assert.equal((await back.getInfo()).state, 'running')
   assert.equal(await back.files.read('/tmp/keep.txt'), 'kept across pause')
   assert.equal((await back.commands.run('cat /tmp/keep.txt')).stdout, 'kept across pause')
+})
+
+test('fork: copies with the files of the source (DeltaBox fork: one L3 snapshot, restored twice)', async (t) => {
+  const sb = await create(t, {}, process.env.DELTABOX_E2B_FORK_TEMPLATE)
+  await sb.files.write('/tmp/forked.txt', 'from the source')
+  const forks = await sb.fork({ count: 2 })
+  for (const f of forks) if (!(f instanceof Error)) t.after(() => f.kill().catch(() => {}))
+  assert.equal(forks.length, 2)
+  for (const f of forks) {
+    assert.ok(!(f instanceof Error), String(f))
+    assert.notEqual(f.sandboxId, sb.sandboxId)
+    assert.equal(await f.files.read('/tmp/forked.txt'), 'from the source')
+    assert.equal((await f.commands.run('cat /tmp/forked.txt')).stdout, 'from the source')
+  }
+  await forks[0].files.write('/tmp/forked.txt', 'changed in fork 0')
+  assert.equal(await forks[1].files.read('/tmp/forked.txt'), 'from the source')
+  assert.equal(await sb.files.read('/tmp/forked.txt'), 'from the source')
+  await assert.rejects(Sandbox.getInfo(forks[0].sandboxId, { apiKey: otherKey }), NotFoundError)
+  // A sandbox in a user namespace cannot be forked (CRIU 4.1): a clear error, nothing half-made.
+  const userns = await create(t)
+  await assert.rejects(userns.fork(), /user namespace/)
 })
 
 test('DeltaBox checkpoints and rollback from E2B code', async (t) => {

@@ -41,6 +41,26 @@ func (r *Root) ReadDir(rel string) ([]Entry, error) {
 	return out, nil
 }
 
+// SandboxID is the id the sandbox sees for a host uid or gid (see IDMap.FromHost).
+func (r *Root) SandboxID(hostID uint32) uint32 { return uint32(r.ids.FromHost(hostID)) }
+
+// ownNew gives what an op made to the sandbox's root when the sandbox has its own user
+// namespace (host root is nobody inside it). fd is the new entry, or -1 to name it by
+// base in pfd (without following a symlink).
+func (r *Root) ownNew(fd, pfd int, base string) error {
+	if r.ids.Size == 0 {
+		return nil
+	}
+	id, err := r.ids.ToHost(0)
+	if err != nil {
+		return err
+	}
+	if fd >= 0 {
+		return unix.Fchown(fd, id, id)
+	}
+	return unix.Fchownat(pfd, base, id, id, unix.AT_SYMLINK_NOFOLLOW)
+}
+
 // MkdirAll makes the directory rel and its missing parents with mode; it reports whether rel
 // was made (false: it existed as a directory). An existing non-directory is a conflict.
 func (r *Root) MkdirAll(rel string, mode uint32) (bool, error) {
@@ -57,6 +77,9 @@ func (r *Root) MkdirAll(rel string, mode uint32) (bool, error) {
 		}
 		err = unix.Mkdirat(pfd, base, mode)
 		made = err == nil
+		if made {
+			err = r.ownNew(-1, pfd, base)
+		}
 		if errors.Is(err, unix.EEXIST) {
 			var st unix.Stat_t
 			if err = unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
@@ -92,6 +115,10 @@ func (r *Root) WriteFile(rel string, body io.Reader, mode uint32) (int64, error)
 	f, n, err := writeFileAt(pfd, base, mode, body)
 	if err != nil {
 		return n, fmt.Errorf("write /%s: %w", rel, err)
+	}
+	if err := r.ownNew(int(f.Fd()), -1, ""); err != nil {
+		f.Close()
+		return n, fmt.Errorf("chown /%s: %w", rel, err)
 	}
 	return n, f.Close()
 }

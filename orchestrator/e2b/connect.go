@@ -42,7 +42,7 @@ type rpcError struct {
 // connectCode maps an error to a Connect code and its HTTP status.
 func connectCode(err error) (string, int) {
 	switch {
-	case errors.Is(err, errUnimplemented):
+	case errors.Is(err, errUnimplemented), errdefs.IsNotImplemented(err):
 		return "unimplemented", http.StatusNotImplemented
 	case errors.Is(err, errUnauthenticated):
 		return "unauthenticated", http.StatusUnauthorized

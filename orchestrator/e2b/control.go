@@ -41,6 +41,7 @@ func (g *Gateway) controlRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /sandboxes/{id}/connect", g.authSandbox(g.connect))
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", g.authSandbox(g.connect))
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", g.authSandbox(g.metrics))
+	mux.HandleFunc("POST /sandboxes/{id}/fork", g.authSandbox(g.fork))
 	g.deltaboxRoutes(mux)
 }
 

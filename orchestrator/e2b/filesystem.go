@@ -61,7 +61,7 @@ func (g *Gateway) withRoot(ctx context.Context, sb *sandbox, fn func(root *rootf
 func entry(root *rootfs.Root, rel, abs string, st *unix.Stat_t, names *idNames) entryInfo {
 	mode := fileMode(st)
 	e := entryInfo{Name: path.Base(abs), Path: abs, Size: strconv.FormatInt(st.Size, 10), Mode: uint32(mode.Perm()),
-		Permissions: mode.String(), Owner: names.user(st.Uid), Group: names.group(st.Gid),
+		Permissions: mode.String(), Owner: names.user(root.SandboxID(st.Uid)), Group: names.group(root.SandboxID(st.Gid)),
 		ModifiedTime: pbTime(time.Unix(st.Mtim.Unix()))}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:

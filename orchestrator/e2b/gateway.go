@@ -51,6 +51,7 @@ type Backend interface {
 	Rollback(ctx context.Context, id string, req api.RollbackRequest) (api.RollbackResult, error)
 	Commit(ctx context.Context, id string) (api.CommitResult, error)
 	Sandboxes() []api.Sandbox
+	ForkSandbox(ctx context.Context, id string, count int) ([]api.Lease, error)
 }
 
 // Options configure a Gateway.

@@ -85,6 +85,10 @@ func (f *fakeBackend) Release(ctx context.Context, id string) error {
 	return nil
 }
 
+func (f *fakeBackend) ForkSandbox(ctx context.Context, id string, count int) ([]api.Lease, error) {
+	return nil, fmt.Errorf("fork: %w", errdefs.ErrNotImplemented)
+}
+
 func (f *fakeBackend) Sandbox(id string) (api.Sandbox, error) { return api.Sandbox{ID: id}, nil }
 
 func (f *fakeBackend) Exec(ctx context.Context, id string, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error) {

@@ -52,6 +52,17 @@ type connectRequest struct {
 	Memory  *bool  `json:"memory,omitempty"`
 }
 
+type forkRequest struct {
+	Timeout *int64 `json:"timeout,omitempty"`
+	Count   *int   `json:"count,omitempty"`
+}
+
+// forkResult is one fork: the sandbox made, or why it was not.
+type forkResult struct {
+	Sandbox *sandboxCreated `json:"sandbox,omitempty"`
+	Error   *apiError       `json:"error,omitempty"`
+}
+
 type pauseRequest struct {
 	Memory *bool `json:"memory,omitempty"`
 }
