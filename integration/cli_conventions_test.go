@@ -54,6 +54,11 @@ func TestCLIConventions(t *testing.T) {
 		{name: "exec bad --timeout", args: []string{"exec", "--timeout", "soon", a.ID, "true"}, code: 2, stderr: []string{`--timeout "soon": want seconds`}},
 		{name: "exec output cap says it cut", args: []string{"exec", "--output-cap", "4", a.ID, "echo", "0123456789"}, stdout: []string{"0123"}, stderr: []string{"stdout cut at 4 bytes (--output-cap)"}},
 		{name: "exec -t says what is missing", args: []string{"exec", "-it", a.ID, "sh"}, code: 1, stderr: []string{"not_implemented", "without -t"}},
+		{name: "exec -d prints a proc ID", args: []string{"exec", "-d", a.ID, "sh", "-c", "echo start; sleep 0.5; echo end >&2; exit 3"}, stdout: []string{"p1\n"}},
+		{name: "logs -f follows to the end", args: []string{"logs", "-f", a.ID, "p1"}, stdout: []string{"start\n"}, stderr: []string{"end\n"}},
+		{name: "ps lists detached execs", args: []string{"ps", a.ID}, stdout: []string{"p1", "exited 3", "sh -c"}},
+		{name: "logs of the latest proc", args: []string{"logs", a.ID}, stdout: []string{"start\n"}},
+		{name: "logs of an unknown proc", args: []string{"logs", a.ID, "p9"}, code: 1, stderr: []string{"not_found", "p9"}},
 		// 3. cp like docker.
 		{name: "cp through a symlink inside the sandbox", args: []string{"cp", a.ID + ":/data/link/f", filepath.Join(local, "f")}, check: func(t *testing.T, _, _ string) {
 			if got := readLocal("f"); got != "inside\n" {

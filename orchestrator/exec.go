@@ -33,6 +33,16 @@ func (o *Orchestrator) exec(w http.ResponseWriter, r *http.Request) {
 		writeError(ctx, w, err)
 		return
 	}
+	if req.Detach {
+		p, err := o.startDetached(ctx, s, req)
+		if err != nil {
+			writeError(ctx, w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		(&eventWriter{w: w, rc: http.NewResponseController(w)}).send(api.ExecEvent{Detached: &p})
+		return
+	}
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)

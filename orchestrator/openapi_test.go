@@ -187,7 +187,7 @@ func TestOpenAPISchemasMatchTheWireTypes(t *testing.T) {
 		"Template": api.Template{}, "PoolInfo": api.PoolInfo{}, "Limits": api.Limits{}, "Isolation": api.Isolation{},
 		"ScaleRequest": api.ScaleRequest{}, "LeaseRequest": api.LeaseRequest{}, "Sandbox": api.Sandbox{},
 		"Lease": api.Lease{}, "AdoptRequest": api.AdoptRequest{}, "ExecRequest": api.ExecRequest{},
-		"ExecEvent": api.ExecEvent{}, "ExitStatus": api.ExitStatus{}, "ExtractResult": rootfs.ExtractResult{},
+		"ExecEvent": api.ExecEvent{}, "ExitStatus": api.ExitStatus{}, "Proc": api.Proc{}, "ExtractResult": rootfs.ExtractResult{},
 		"CheckpointRequest": api.CheckpointRequest{}, "Checkpoint": api.Checkpoint{},
 		"RollbackRequest": api.RollbackRequest{}, "RollbackResult": api.RollbackResult{},
 		"CommitResult": api.CommitResult{}, "Diff": api.Diff{}, "StatePatchResult": api.StatePatchResult{},

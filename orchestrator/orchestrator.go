@@ -130,6 +130,8 @@ type Orchestrator struct {
 	mu       sync.Mutex
 	sessions map[string]*session // by sandbox (lease) ID
 
+	procs procTable // detached execs (procs.go)
+
 	tracerOnce sync.Once
 	ptrace     *proctpl.Tracer // the ptrace thread of every process template (processes.go)
 }

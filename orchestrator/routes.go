@@ -36,6 +36,13 @@ func (o *Orchestrator) routes(mux *http.ServeMux) {
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/release", handle(o.release))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", o.exec)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/procs", handle(func(r *http.Request) (any, error) {
+		if _, err := o.session(r.Context(), r.PathValue("id")); err != nil {
+			return nil, err
+		}
+		return o.procs.list(r.PathValue("id")), nil
+	}))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/procs/{proc}/logs", o.procLogs)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", handle(o.copyTo))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", o.copyFrom)
 	o.checkpointRoutes(mux, "/v1/sandboxes/{id}", false)

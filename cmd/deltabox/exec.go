@@ -29,6 +29,7 @@ func execCommand() *cli.Command {
 			&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Usage: "working directory"},
 			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Usage: "uid[:gid] or name[:group]"},
 			&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "pass standard input to the command"},
+			&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "start the command and print its proc ID (deltabox logs ID PROC shows its output)"},
 			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal (not available yet: the sandbox init has no pty support)"},
 			&cli.Int64Flag{Name: "output-cap", Usage: "bytes of output kept per stream (0: all)"},
 			&cli.StringFlag{Name: "via", Usage: "init (fast) or containerd (runc exec); default: init, containerd if the init does not answer"},
@@ -57,6 +58,16 @@ func runExec(c *cli.Context) error {
 	}
 	req := api.ExecRequest{Argv: args[1:], Env: c.StringSlice("env"), Workdir: c.String("workdir"),
 		User: c.String("user"), TimeoutMS: float64(timeout) / float64(time.Millisecond), OutputCap: c.Int64("output-cap"), Via: c.String("via")}
+	if c.Bool("detach") {
+		if c.Bool("interactive") {
+			return usagef("exec -d takes no stdin (-i)")
+		}
+		p, err := newClient(c).ExecDetached(c.Context, args[0], req)
+		if err != nil {
+			return err
+		}
+		return printResult(c, p, func(w io.Writer) { fmt.Fprintln(w, p.Proc) })
+	}
 	var stdin io.Reader
 	if c.Bool("interactive") {
 		stdin = os.Stdin

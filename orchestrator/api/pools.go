@@ -158,7 +158,28 @@ type ExecRequest struct {
 	Stdin     bool     `json:"stdin,omitempty"`
 	Tag       string   `json:"tag,omitempty"`
 	Via       string   `json:"via,omitempty"` // "" (init, containerd as fallback), init, containerd
+	// Detach starts the command and answers at once with its Proc; its output goes to the
+	// proc's log (GET .../procs/{proc}/logs). Not with Stdin.
+	Detach bool `json:"detach,omitempty"`
 }
+
+// Proc is a detached exec: its ID within the sandbox, what it runs and how it ended.
+type Proc struct {
+	Proc    string      `json:"proc"`
+	Sandbox string      `json:"sandbox"`
+	Argv    []string    `json:"argv"`
+	Started time.Time   `json:"started"`
+	State   string      `json:"state"` // running | exited
+	Exit    *ExitStatus `json:"exit,omitempty"`
+	// Error says why it could not run or was cut off (the sandbox was released, say).
+	Error string `json:"error,omitempty"`
+}
+
+// Proc states.
+const (
+	ProcRunning = "running"
+	ProcExited  = "exited"
+)
 
 // ExecEvent is one JSON line of the exec response stream: output as it comes, then exactly
 // one final event carrying Exit or Error.
@@ -167,4 +188,6 @@ type ExecEvent struct {
 	Stderr []byte      `json:"e,omitempty"`
 	Exit   *ExitStatus `json:"exit,omitempty"`
 	Error  *Error      `json:"error,omitempty"`
+	// Detached is the final event of a detached exec (the only one).
+	Detached *Proc `json:"detached,omitempty"`
 }
