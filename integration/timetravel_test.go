@@ -191,3 +191,54 @@ func TestTimeTravelLookWithoutMoving(t *testing.T) {
 		t.Errorf("steps recorded with deltabox.steps=off: %+v", sb.Entries)
 	}
 }
+
+// TestTimeTravelForkFrom forks from a checkpoint that is not the head, on this node without a
+// snapshot: each fork has the checkpoint's files and state, a new identity and seed, and the
+// forked_from label; the source does not move; another sandbox's checkpoint is refused.
+func TestTimeTravelForkFrom(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 2)
+	id := d.lease("bb").ID
+	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /w/d && echo base > /w/d/f && ln -s /etc /w/link && rm /etc/group")
+	d.cli("state", "patch", id, `[{"op":"add","path":"/v","value":"base"}]`)
+	d.cli("checkpoint", "create", id, "--name", "base")
+	d.cli("exec", id, "--", "sh", "-c", "echo later > /w/d/f && echo more > /w/more")
+	d.cli("state", "patch", id, `[{"op":"replace","path":"/v","value":"later"}]`)
+	d.cli("checkpoint", "create", id)
+	leases, err := d.client().ForkWith(context.Background(), id, api.SnapshotRequest{Count: 2, From: "base"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases) != 2 {
+		t.Fatalf("forks: %+v", leases)
+	}
+	seeds := map[string]bool{}
+	for _, l := range leases {
+		if l.ID == id || l.ForkedFrom != id+"@2" {
+			t.Errorf("fork %+v: want a new sandbox labelled forked_from %s@2", l, id)
+		}
+		out := d.cli("exec", l.ID, "--", "sh", "-c", "cat /w/d/f; readlink /w/link; [ -e /w/more ] && echo more; [ -e /etc/group ] && echo group; stat -c %u:%g /w/d/f /etc/passwd; echo $DELTABOX_SEED")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 5 || lines[0] != "base" || lines[1] != "/etc" || lines[2] != "0:0" || lines[3] != "0:0" || lines[4] == "" {
+			t.Errorf("fork %s files/seed: %q", l.ID, out)
+		}
+		seeds[lines[len(lines)-1]] = true
+		if got := d.stateDoc(l.ID); got != `{"v":"base"}` {
+			t.Errorf("fork %s state %s", l.ID, got)
+		}
+	}
+	if len(seeds) != 2 {
+		t.Errorf("forks share a seed: %v", seeds)
+	}
+	if d.stateDoc(id) != `{"v":"later"}` || d.checkpointHead(id) != "3" {
+		t.Errorf("the source moved: state %s head %s", d.stateDoc(id), d.checkpointHead(id))
+	}
+	cl, ctx := d.client(), context.Background()
+	other := leases[0].ID
+	if _, err := cl.ForkWith(ctx, id, api.SnapshotRequest{Count: 1, From: other + "@1"}, nil); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("fork from another sandbox's checkpoint: %v, want invalid_argument", err)
+	}
+	if _, err := cl.ForkWith(ctx, id, api.SnapshotRequest{Count: 1, From: "nope"}, nil); !errdefs.IsNotFound(err) {
+		t.Errorf("fork from an unknown checkpoint: %v, want not_found", err)
+	}
+}

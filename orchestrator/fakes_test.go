@@ -111,6 +111,9 @@ func (f *fakeFiles) Diff(context.Context, string, string) ([]overlay.DiffEntry, 
 	return nil, nil
 }
 func (f *fakeFiles) Export(context.Context, string, io.Writer) error { return nil }
+func (f *fakeFiles) RestoreInto(context.Context, string, overlay.RollbackRequest) (*overlay.RollbackResult, error) {
+	return nil, errdefs.ErrNotImplemented
+}
 func (f *fakeFiles) ReadFile(context.Context, string, string, io.Writer) (overlay.FileInfo, error) {
 	return overlay.FileInfo{}, errdefs.ErrNotImplemented
 }

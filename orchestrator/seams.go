@@ -35,6 +35,7 @@ type fileStore interface {
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error
 	ReadFile(ctx context.Context, id, path string, w io.Writer) (overlay.FileInfo, error)
+	RestoreInto(ctx context.Context, id string, req overlay.RollbackRequest) (*overlay.RollbackResult, error)
 	Verify(ctx context.Context, id, merged string, opts ...overlay.VerifyOption) ([]overlay.Mismatch, error)
 	Scrub(ctx context.Context) ([]overlay.Damage, error)
 	Close() error

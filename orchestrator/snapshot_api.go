@@ -22,7 +22,11 @@ func (o *Orchestrator) snapshotRoutes(mux *http.ServeMux) {
 		if err := decode(r, &req); err != nil {
 			return api.StreamEvent{}, err
 		}
-		leases, err := o.Fork(r.Context(), r.PathValue("id"), req, emit)
+		fork := o.Fork
+		if req.From != "" {
+			fork = o.ForkFrom
+		}
+		leases, err := fork(r.Context(), r.PathValue("id"), req, emit)
 		return api.StreamEvent{Leases: leases}, err
 	}))
 	mux.HandleFunc("POST /v1/restore", o.stream(func(r *http.Request, emit Emit) (api.StreamEvent, error) {

@@ -102,3 +102,29 @@ func TestTreeInterruptedDelete(t *testing.T) {
 	f.rollback(t, "c2")
 	assertTree(t, want, walkTree(t, f.merged), true)
 }
+
+// TestRestoreIntoAnotherSandbox makes a second overlay (same image) equal a checkpoint of the
+// first: its own leftovers go, the checkpoint's files come, nothing in the first store moves.
+func TestRestoreIntoAnotherSandbox(t *testing.T) {
+	src := newFixture(t, standardLower)
+	src.capture(t, "c0", L1)
+	must(t, os.MkdirAll(src.m("w/deep"), 0o755))
+	putFile(t, src.m("w/deep/f"), "forked content")
+	must(t, os.Remove(src.m("data/a.txt")))
+	must(t, os.Symlink("/etc", src.m("w/link")))
+	src.capture(t, "c1", L1)
+	want := walkTree(t, src.merged)
+	putFile(t, src.m("w/after"), "not in c1")
+	dst := newFixture(t, standardLower)
+	putFile(t, dst.m("junk.txt"), "the warm sandbox's own")
+	must(t, os.Remove(dst.m("data/b.txt")))
+	res, err := src.s.RestoreInto(t.Context(), "c1", RollbackRequest{Merged: dst.merged, Upper: dst.upper, Lower: []string{dst.lower}})
+	must(t, err)
+	assertTree(t, want, walkTree(t, dst.merged), false) // the two images were made at different times
+	if src.s.Head() != "c1" || res.FilesRestored == 0 {
+		t.Fatalf("head %s, result %+v", src.s.Head(), res)
+	}
+	if _, err := os.Stat(src.m("w/after")); err != nil {
+		t.Fatal("the source's own tree changed")
+	}
+}

@@ -111,6 +111,9 @@ type RollbackRequest struct {
 	Lower  []string  // the lower dirs, topmost first
 	Target string    // checkpoint to restore
 	Open   OpenFiles // as in CaptureRequest
+	// IDs (RestoreInto only) is the other sandbox's user namespace mapping, when it has one:
+	// owners in this store's host range are moved into it, and its image shows through it.
+	IDs *IDRange
 	// Meta is kept with the rollback's record and returned by Store.HeadMeta until the next
 	// capture (JSON).
 	Meta []byte
@@ -166,3 +169,6 @@ type Mismatch struct {
 	Want string `json:"want"`
 	Got  string `json:"got"`
 }
+
+// IDRange is a user namespace mapping: ids 0..Size-1 inside are host ids Host..Host+Size-1.
+type IDRange struct{ Host, Size uint32 }

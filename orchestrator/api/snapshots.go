@@ -10,6 +10,10 @@ type SnapshotRequest struct {
 	// KeepSnapshot (fork only) keeps the snapshot the fork pushed; by default it is removed
 	// once the forks are restored.
 	KeepSnapshot bool `json:"keep_snapshot,omitempty"`
+	// From (fork only) forks from a checkpoint of the sandbox (a reference: ID, name, @, @~N,
+	// lease) on this node, without a snapshot: the forks get its files, state and a fresh
+	// identity, their processes start fresh (docs/time-travel.md).
+	From string `json:"from,omitempty"`
 }
 
 // RestoreRequest is the body of POST /v1/restore.
