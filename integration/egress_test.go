@@ -79,11 +79,11 @@ rules:
 
 // egressDaemon starts a daemon trusting the upstream's CA, with a pool whose policy lets
 // sandboxes reach the upstream on the host's loopback (reads pass, writes are held).
-func egressDaemon(t *testing.T, u *upstream, image string, ready int, extraConfig string) *daemon {
+func egressDaemon(t *testing.T, u *upstream, image string, ready int, extraConfig string, poolArgs ...string) *daemon {
 	d := startDaemonWith(t, fmt.Sprintf("[egress]\nupstream_ca_file = %q\n%s", u.ca, extraConfig))
 	policy := filepath.Join(shortTempDir(t), "policy.yaml")
 	os.WriteFile(policy, []byte(egressPolicy), 0o644)
-	d.createPool("net", image, ready, "--egress-policy", policy, "--max", "40")
+	d.createPool("net", image, ready, append([]string{"--egress-policy", policy, "--max", "40"}, poolArgs...)...)
 	return d
 }
 

@@ -26,7 +26,7 @@ func TestPythonSDK(t *testing.T) {
 	runTool(t, "", nil, filepath.Join(venv, "bin", "pip"), "install", "--no-index", "--no-cache-dir", sdk)
 
 	u := startUpstream(t)
-	d := egressDaemon(t, u, pythonImage, 2, "")
+	d := egressDaemon(t, u, pythonImage, 2, "", "--no-userns") // the suite snapshots, restores and forks (L3)
 	rec, recAddr := startRecorder(t, d.address) // every answer the suite gets is checked against the spec
 	env := []string{"DELTABOX_ADDRESS=" + recAddr, "DELTABOX_TEST_POOL=net", "DELTABOX_TEST_UPSTREAM=" + u.plain.URL}
 	// From a directory outside the tree, so that the venv's installed package is the one tested.
@@ -44,6 +44,12 @@ func TestPythonSDK(t *testing.T) {
 		t.Errorf("the SDK suite took only %d routes of the API: %v", len(seen), seen)
 	}
 	t.Logf("%d answers on %d routes validated against docs/api/openapi.yaml", len(xs), len(seen))
+	// The SDK mounted into every sandbox works in a user-namespaced one too (the default).
+	d.createPool("uns", pythonImage, 1)
+	id := d.lease("uns").ID
+	if out := d.cli("exec", id, "--", "python3", "-c", "import deltabox; print(deltabox.inside().patch_state({'op': 'add', 'path': '/u', 'value': 1})['applied'])"); out != "1\n" {
+		t.Fatalf("the mounted SDK in a user-namespaced sandbox: %q", out)
+	}
 	env[0] = "DELTABOX_ADDRESS=" + d.address
 	example, err := filepath.Abs("../examples/agent_loop.py")
 	if err != nil {

@@ -107,11 +107,17 @@ func (o *Orchestrator) listenEgress(ctx context.Context, p *proxy.Proxy, gw neti
 }
 
 // sandboxSpec adds what every sandbox container needs from the orchestrator: the node CA (and
-// the variables that make clients trust it) and the CRIU configuration file.
+// the variables that make clients trust it), the CRIU configuration file and the SDKs.
 func (o *Orchestrator) sandboxSpec(cid, dir string) ([]oci.SpecOpts, error) {
 	opts, err := o.criuSpec(cid, dir)
-	if err != nil || o.proxy == nil {
-		return opts, err
+	if err != nil {
+		return nil, err
+	}
+	if o.sdkDir != "" {
+		opts = append(opts, sdkSpec(o.sdkDir)...)
+	}
+	if o.proxy == nil {
+		return opts, nil
 	}
 	ca := filepath.Join(o.opts.Root, "proxy", "ca.pem")
 	return append(opts,

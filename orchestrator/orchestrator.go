@@ -111,10 +111,12 @@ func (o *Options) setDefaults() {
 
 // Orchestrator is the running node agent.
 type Orchestrator struct {
-	opts    Options
-	client  *containerd.Client
-	criu    criu.Status
-	node    string
+	opts   Options
+	client *containerd.Client
+	criu   criu.Status
+	node   string
+	// sdkDir holds the SDKs every sandbox mounts read-only at /.deltabox/sdk.
+	sdkDir  string
 	pools   *pool.Manager
 	net     *network.Manager
 	proxy   *proxy.Proxy
@@ -168,6 +170,9 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	}
 	initBin, err := installInit(o.opts.InitBinary, filepath.Join(o.opts.Root, "bin"))
 	if err != nil {
+		return err
+	}
+	if o.sdkDir, err = installSDK(o.opts.Root); err != nil {
 		return err
 	}
 	work := filepath.Join(o.opts.Root, "criu-work")

@@ -220,14 +220,14 @@ class Daemon(unittest.TestCase):
                 self.c.restore("no-such-snapshot")
 
     def test_inside_a_sandbox(self):
-        # The same package, copied into a sandbox, drives the sandbox's own API.
-        pkg = os.path.dirname(os.path.abspath(deltabox.__file__))
+        # Every sandbox has the SDK, read-only at /.deltabox/sdk/python and on PYTHONPATH: the
+        # same package drives the sandbox's own API with nothing installed.
         script = """
 import json, deltabox
 me = deltabox.inside()
 me.patch_state({"op": "add", "path": "/from_inside", "value": 1})
 ck = me.checkpoint("inside")
-out = {"ckpt": ck["checkpoint"], "state": me.state()}
+out = {"ckpt": ck["checkpoint"], "state": me.state(), "file": deltabox.__file__}
 try:
     me.commit()
 except deltabox.NotFound as e:
@@ -239,15 +239,29 @@ except deltabox.FailedPrecondition as e:
 print(json.dumps(out))
 """
         with self.c.lease(POOL) as sb:
-            sb.exec("mkdir -p /opt/sdk", check=True)
-            sb.put(pkg, "/opt/sdk")
-            res = sb.exec(["python3", "-c", script], env=["PYTHONPATH=/opt/sdk"])
+            res = sb.exec(["python3", "-c", script])
             self.assertEqual(res.code, 0, res.stderr)
             out = json.loads(res.text)
             self.assertEqual(out["state"], {"from_inside": 1})
+            self.assertEqual(out["file"], "/.deltabox/sdk/python/deltabox/__init__.py")
             self.assertEqual((out.get("commit"), out.get("force")), ("not_found", "failed_precondition"))
             self.assertEqual(sb.state("/from_inside"), 1)
             self.assertIn(out["ckpt"], [c["checkpoint"] for c in sb.checkpoints()])
+            # The shell client, and the SDK's files are the daemon's (read-only, same as the tree's).
+            sh = sb.exec("/.deltabox/sdk/bin/deltabox patch '{\"op\": \"add\", \"path\": \"/sh\", \"value\": 2}' >/dev/null"
+                         " && /.deltabox/sdk/bin/deltabox state /sh && /.deltabox/sdk/bin/deltabox checkpoint -m from-sh")
+            self.assertEqual(sh.code, 0, sh.stderr)
+            self.assertTrue(sh.text.startswith("2\n"), sh.text)
+            self.assertIn("from-sh", [c.get("message") for c in sb.checkpoints()])
+            bad = sb.exec("/.deltabox/sdk/bin/deltabox rollback no-such-checkpoint")
+            self.assertEqual(bad.code, 1)
+            self.assertIn("not_found", bad.stderr.decode())
+            self.assertNotEqual(sb.exec("echo x > /.deltabox/sdk/python/deltabox/client.py").code, 0)
+            mine = os.path.join(os.path.dirname(os.path.abspath(deltabox.__file__)), "client.py")
+            with open(mine, "rb") as f:
+                self.assertEqual(sb.get_file("/.deltabox/sdk/python/deltabox/client.py"), f.read())
+            # PYTHONPATH names it (after any PYTHONPATH the pool sets).
+            self.assertEqual(sb.exec("echo $PYTHONPATH").text, "/.deltabox/sdk/python\n")
 
     def test_asyncio(self):
         from deltabox.aio import AsyncClient

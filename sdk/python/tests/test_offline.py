@@ -7,6 +7,7 @@ import threading
 import time
 import unittest
 import zipfile
+from unittest import mock
 
 try:  # the installed package, or the source tree
     import deltabox
@@ -52,9 +53,16 @@ class Offline(unittest.TestCase):
                 os.environ["DELTABOX_ADDRESS"] = old
         self.assertEqual(deltabox.Client("/a.sock").address, "/a.sock")
 
-    def test_tcp_address_is_refused(self):
-        with self.assertRaises(deltabox.InvalidArgument):
-            deltabox.Client("tcp://127.0.0.1:1")
+    def test_tcp_address_needs_a_token(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DELTABOX_TOKEN")}
+        with mock.patch.dict(os.environ, env, clear=True):
+            with self.assertRaises(deltabox.InvalidArgument) as cm:
+                deltabox.Client("tcp://127.0.0.1:1")
+            self.assertIn("needs a token", str(cm.exception))
+            with self.assertRaises(deltabox.InvalidArgument):
+                deltabox.Client("tcp://127.0.0.1")
+            c = deltabox.Client("tcp://127.0.0.1:1", token="t" * 20)
+            self.assertNotIn("t" * 20, repr(c.transport))
 
     def test_every_code_has_its_class(self):
         codes = ["not_found", "invalid_argument", "conflict", "not_modified", "failed_precondition",
