@@ -60,3 +60,13 @@ func (o *Orchestrator) Sandboxes() []api.Sandbox { return apiSandboxes(o.pools.L
 func (o *Orchestrator) ForkSandbox(ctx context.Context, id string, count int) ([]api.Lease, error) {
 	return o.Fork(ctx, id, api.SnapshotRequest{Count: count}, func(api.Progress) {})
 }
+
+// PushSnapshot takes an L3 snapshot of a sandbox into the daemon's object store.
+func (o *Orchestrator) PushSnapshot(ctx context.Context, id string) (api.Snapshot, error) {
+	return o.SnapshotPush(ctx, id, "", func(api.Progress) {})
+}
+
+// RestoreSnapshot restores a snapshot into a new sandbox leased from pool.
+func (o *Orchestrator) RestoreSnapshot(ctx context.Context, uri, pool string) (api.Lease, error) {
+	return o.Restore(ctx, uri, pool, func(api.Progress) {})
+}

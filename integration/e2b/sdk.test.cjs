@@ -263,5 +263,25 @@ test('bad input: wrong key, unknown template, another tenant', async (t) => {
 test('unsupported calls fail with a clear error', async (t) => {
   const sb = await create(t)
   await assert.rejects(sb.pty.create({ cols: 80, rows: 24, onData: () => {} }), /PTY/)
-  await assert.rejects(sb.createSnapshot(), /501/)
+  await assert.rejects(sb.createSnapshot(), /user namespace/, 'L3 snapshots need a pool without a user namespace')
+})
+
+test('snapshots: create, list, start a sandbox from one, delete', async (t) => {
+  const sb = await create(t, {}, process.env.DELTABOX_E2B_FORK_TEMPLATE)
+  await sb.files.write('/tmp/snap.txt', 'in the snapshot')
+  const snap = await sb.createSnapshot({ name: 'e2b-test-snap' })
+  assert.match(snap.snapshotId, /\S/)
+  assert.deepEqual(snap.names, ['e2b-test-snap'])
+  await sb.files.write('/tmp/snap.txt', 'after the snapshot')
+  const listed = await Sandbox.listSnapshots({ sandboxId: sb.sandboxId }).nextItems()
+  assert.deepEqual(listed.map((s) => s.snapshotId), [snap.snapshotId])
+  assert.deepEqual(await Sandbox.listSnapshots({ apiKey: otherKey }).nextItems(), [], "the other tenant's list is its own")
+  for (const ref of [snap.snapshotId, 'e2b-test-snap']) {
+    const copy = await create(t, {}, ref)
+    assert.equal(await copy.files.read('/tmp/snap.txt'), 'in the snapshot')
+  }
+  await assert.rejects(Sandbox.create('e2b-test-snap', { apiKey: otherKey }), /404/)
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+  await assert.rejects(Sandbox.create('e2b-test-snap'), /404/)
 })

@@ -42,6 +42,9 @@ func (g *Gateway) controlRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", g.authSandbox(g.connect))
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", g.authSandbox(g.metrics))
 	mux.HandleFunc("POST /sandboxes/{id}/fork", g.authSandbox(g.fork))
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", g.authSandbox(g.createSnapshot))
+	mux.HandleFunc("GET /snapshots", g.auth(g.listSnapshots))
+	mux.HandleFunc("DELETE /templates/{id}", g.auth(g.deleteSnapshot))
 	g.deltaboxRoutes(mux)
 }
 

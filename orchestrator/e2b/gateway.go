@@ -52,6 +52,9 @@ type Backend interface {
 	Commit(ctx context.Context, id string) (api.CommitResult, error)
 	Sandboxes() []api.Sandbox
 	ForkSandbox(ctx context.Context, id string, count int) ([]api.Lease, error)
+	PushSnapshot(ctx context.Context, id string) (api.Snapshot, error)
+	RestoreSnapshot(ctx context.Context, uri, pool string) (api.Lease, error)
+	SnapshotRemove(ctx context.Context, uri string) error
 }
 
 // Options configure a Gateway.
@@ -72,6 +75,7 @@ type Gateway struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+	snapshots map[string]*snapshot // by ID
 	closed    bool
 }
 
@@ -86,7 +90,7 @@ func New(b Backend, opts Options) (*Gateway, error) {
 	if opts.MaxTimeout <= 0 {
 		opts.MaxTimeout = 24 * time.Hour
 	}
-	g := &Gateway{b: b, opts: opts, keys: map[[32]byte]string{}, sandboxes: map[string]*sandbox{}}
+	g := &Gateway{b: b, opts: opts, keys: map[[32]byte]string{}, sandboxes: map[string]*sandbox{}, snapshots: map[string]*snapshot{}}
 	for _, k := range opts.Keys {
 		sum := sha256.Sum256([]byte(k))
 		g.keys[sum] = hex.EncodeToString(sum[:6])

@@ -89,6 +89,16 @@ func (f *fakeBackend) ForkSandbox(ctx context.Context, id string, count int) ([]
 	return nil, fmt.Errorf("fork: %w", errdefs.ErrNotImplemented)
 }
 
+func (f *fakeBackend) PushSnapshot(ctx context.Context, id string) (api.Snapshot, error) {
+	return api.Snapshot{}, fmt.Errorf("snapshot: %w", errdefs.ErrNotImplemented)
+}
+
+func (f *fakeBackend) RestoreSnapshot(ctx context.Context, uri, pool string) (api.Lease, error) {
+	return api.Lease{}, fmt.Errorf("restore: %w", errdefs.ErrNotImplemented)
+}
+
+func (f *fakeBackend) SnapshotRemove(ctx context.Context, uri string) error { return nil }
+
 func (f *fakeBackend) Sandbox(id string) (api.Sandbox, error) { return api.Sandbox{ID: id}, nil }
 
 func (f *fakeBackend) Exec(ctx context.Context, id string, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error) {

@@ -74,6 +74,9 @@ func (g *Gateway) create(ctx context.Context, tenant string, req newSandboxReque
 	default:
 		return nil, fmt.Errorf("metadata %s=%q: want per_command or none: %w", MetaCheckpoint, v, errdefs.ErrInvalidArgument)
 	}
+	if snap := g.snapshotFor(tenant, req.TemplateID); snap != nil {
+		return g.createFromSnapshot(ctx, tenant, snap, req, timeout)
+	}
 	sb := g.newSandbox("", req.TemplateID, tenant, "")
 	sb.token = randomToken()
 	sb.tokenHash = []string{tokenHash(sb.token)}

@@ -63,6 +63,16 @@ type forkResult struct {
 	Error   *apiError       `json:"error,omitempty"`
 }
 
+type snapshotRequest struct {
+	Name string `json:"name,omitempty"`
+}
+
+// snapshotInfo answers createSnapshot and is one item of listSnapshots.
+type snapshotInfo struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
 type pauseRequest struct {
 	Memory *bool `json:"memory,omitempty"`
 }
