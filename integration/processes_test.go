@@ -307,3 +307,53 @@ func TestProcessTemplatesDaemonKill(t *testing.T) {
 		t.Errorf("rollback to a checkpoint taken after the restart: %+v, v = %s", rb, got)
 	}
 }
+
+// TestProcessTemplatesMemoryBound runs a sandbox with a per-sandbox template bound of 8 MiB:
+// each step rewrites 5 MiB of a REPL's heap, so the templates of older checkpoints go, the
+// newest always stays, ls shows which, a rollback to a dropped one says why, and the metrics
+// count what is left.
+func TestProcessTemplatesMemoryBound(t *testing.T) {
+	d := startDaemonWith(t, "[checkpoints]\ntemplate_memory_sandbox = \"8m\"\n")
+	d.createPool("py", pythonImage, 1)
+	id := d.lease("py").ID
+	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
+	py := startPiped(d, id, "py", "python3 /repl.py")
+	py.ask("import os; heap = bytearray(os.urandom(20 << 20))")
+	var cks []api.Checkpoint
+	for i := 0; i < 4; i++ {
+		py.ask(fmt.Sprintf("heap[%d:%d] = os.urandom(5 << 20); step = %d", i*(5<<20), (i+1)*(5<<20), i))
+		var ck api.Checkpoint
+		d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+		cks = append(cks, ck)
+	}
+	py.ask("heap[:] = os.urandom(20 << 20)") // every template now holds the whole heap alone
+	var ck api.Checkpoint
+	d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+	var ls []api.Checkpoint
+	d.cliJSON(&ls, "checkpoint", "ls", id)
+	kept := map[string]string{}
+	var total int64
+	for _, c := range ls {
+		if len(c.Processes) == 1 {
+			kept[c.ID] = c.Processes[0].Kept + " " + c.Processes[0].Reason
+			total += c.TemplateBytes
+		}
+	}
+	t.Logf("templates: %v, %d bytes", kept, total)
+	if !strings.HasPrefix(kept[ck.ID], api.KeptTemplate) {
+		t.Errorf("the newest checkpoint lost its template: %v", kept)
+	}
+	if !strings.Contains(kept[cks[0].ID], "template_memory_sandbox") {
+		t.Errorf("the oldest checkpoint kept its template past the bound: %v", kept)
+	}
+	var rb api.RollbackResult
+	d.cliJSON(&rb, "rollback", id, "--to", cks[0].ID)
+	if rb.ProcessesRestored != 0 || len(rb.ProcessesLost) != 1 || !strings.Contains(rb.ProcessesLost[0].Reason, "template_memory_sandbox") {
+		t.Errorf("rollback to a checkpoint whose template was dropped: %+v", rb)
+	}
+	rb = api.RollbackResult{}
+	d.cliJSON(&rb, "rollback", id, "--to", ck.ID)
+	if got := py.ask("step"); rb.ProcessesRestored != 1 || got != "3" {
+		t.Errorf("rollback to the newest: %+v, step = %s", rb, got)
+	}
+}

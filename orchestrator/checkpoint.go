@@ -88,14 +88,6 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	if err != nil {
 		return api.Checkpoint{}, err
 	}
-	keepTemplates := func() {
-		if len(tpls) > 0 {
-			if s.tpls == nil {
-				s.tpls = map[string]map[int]*proctpl.Template{}
-			}
-			s.tpls[rec.ID] = tpls
-		}
-	}
 	defer func() { // a checkpoint that failed does not keep them
 		if s.tpls[rec.ID] == nil {
 			for _, tp := range tpls {
@@ -129,7 +121,7 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	}
 	s.ckpts = append(s.ckpts, rec)
 	s.head, s.headSeq = rec.ID, rec.StateSeq
-	keepTemplates()
+	s.keepTemplates(rec.ID, tpls)
 	s.meta.Next++
 	if req.Pin {
 		o.pin(ctx, s, rec.ID, true)
@@ -143,6 +135,9 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	log.L(ctx).Info("checkpoint created", "sandbox", s.id, "checkpoint", rec.ID, "level", rec.Level,
 		"files", rec.FilesChanged, "bytes", rec.Bytes, "frozen_ms", rec.FrozenMS, "total_ms", rec.TotalMS)
 	o.retain(ctx, s)
+	if len(tpls) > 0 {
+		o.boundTemplates(ctx, s, rec.ID)
+	}
 	return s.view(rec), nil
 }
 
@@ -236,9 +231,13 @@ func (o *Orchestrator) Checkpoints(ctx context.Context, id string) ([]api.Checkp
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := append(make([]api.Checkpoint, 0, len(s.inherited)+len(s.ckpts)), s.inherited...)
+	var tplBytes int64
 	for _, c := range s.ckpts {
-		out = append(out, s.view(c))
+		v := s.view(c)
+		tplBytes += v.TemplateBytes
+		out = append(out, v)
 	}
+	s.tplBytes.Store(tplBytes) // the templates' memory as measured now (metrics)
 	return out, nil
 }
 

@@ -41,6 +41,9 @@ type Options struct {
 	Metrics           *prometheus.Registry
 	Retain            int              // checkpoints kept per sandbox, whole tree (default 64)
 	RetainBranch      int              // checkpoints kept on a path from the first one to a branch tip (default Retain)
+	// TemplateMemory and TemplateMemorySandbox bound the memory process templates hold
+	// alone on the node and per sandbox (0: unbounded; processes.go).
+	TemplateMemory, TemplateMemorySandbox int64
 	StepMax           int              // exec records kept per sandbox (default 2000; -1: none recorded)
 	StepOutputBytes   int              // first and last bytes of each output stream kept per exec record (default 2048)
 	L2Every           int              // after this many L1 checkpoints in a row the next is L2 (0: never)
@@ -180,6 +183,9 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 		return err
 	}
 	o.l3 = criu.New(o.client, criu.WithStatus(o.criu), criu.WithCRIUPath(o.opts.CRIUPath), criu.WithWorkRoot(work))
+	if o.opts.Metrics != nil {
+		o.registerTemplateMetrics(o.opts.Metrics)
+	}
 	popts := pool.Options{
 		Root: filepath.Join(o.opts.Root, "pool"), InitBinary: initBin, Node: o.node, Metrics: o.opts.Metrics,
 		Reset: o.resetFiles, SpecOpts: o.sandboxSpec, Claims: o.readClaims,

@@ -252,7 +252,7 @@ func (o *Orchestrator) restoreProcessCheckpoint(ctx context.Context, s *session,
 		tp := tpls[e.Pid]
 		switch {
 		case tp == nil:
-			lost.Reason = "its template is gone (the daemon restarted, or it was evicted)"
+			lost.Reason = s.templateGone(target.ID)
 		case !tp.Alive():
 			lost.Reason = "its template was killed (from inside the sandbox?)"
 			delete(tpls, e.Pid)
@@ -295,6 +295,7 @@ func (s *session) releaseTemplates(id string) {
 		for _, tp := range byPid {
 			tp.Release()
 		}
+		s.tplCount.Add(-int64(len(byPid)))
 		delete(s.tpls, ck)
 	}
 }
@@ -310,7 +311,7 @@ func (s *session) processView(c ckptRecord) ([]api.CheckpointProcess, int64) {
 		v := api.CheckpointProcess{Pid: e.NSPid, Comm: e.Comm, Kept: e.Kept, Reason: e.Reason}
 		if e.Kept == api.KeptTemplate {
 			if tp := s.tpls[c.ID][e.Pid]; tp == nil {
-				v.Kept, v.Reason = api.KeptNone, "its template is gone (the daemon restarted, or it was evicted)"
+				v.Kept, v.Reason = api.KeptNone, s.templateGone(c.ID)
 			} else {
 				bytes += tp.Bytes()
 			}

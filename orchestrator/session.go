@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/containerd/errdefs"
 
@@ -49,7 +50,10 @@ type session struct {
 	// tpls are the process templates of checkpoints taken with processes, by checkpoint ID
 	// and the host pid of the process they copy (processes.go). They live as long as the
 	// daemon at most.
-	tpls map[string]map[int]*proctpl.Template
+	tpls       map[string]map[int]*proctpl.Template
+	tplDropped map[string]string // why a checkpoint's templates were dropped (tplbounds.go)
+	tplCount   atomic.Int64      // templates in tpls, for the node's metrics and bound
+	tplBytes   atomic.Int64      // their memory, as last measured
 
 	ready     chan struct{} // closed once open finished
 	openErr   error

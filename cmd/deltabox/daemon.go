@@ -106,13 +106,17 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	if err != nil {
 		return err
 	}
+	tplNode, tplSandbox, err := cfg.Checkpoints.TemplateMemoryBytes()
+	if err != nil {
+		return err
+	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	o, err := orchestrator.New(ctx, orchestrator.Options{
 		Root: cfg.Root, ContainerdAddress: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI, InitBinary: initBinary,
 		Metrics: registry, Retain: cfg.Checkpoints.Retain, RetainBranch: cfg.Checkpoints.RetainBranch, L2Every: cfg.Checkpoints.L2Every,
-		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, Network: netOpts, SandboxDefaults: defaults,
+		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, TemplateMemory: tplNode, TemplateMemorySandbox: tplSandbox, Network: netOpts, SandboxDefaults: defaults,
 		Egress: egressOptions(cfg.Egress),
 		Snapshots: orchestrator.SnapshotOptions{SigningKey: cfg.Snapshots.SigningKey, TrustedKeys: cfg.Snapshots.TrustedKeys,
 			RestoreTimeout: cfg.Snapshots.RestoreTimeout.Duration},

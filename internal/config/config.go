@@ -173,6 +173,21 @@ type Checkpoints struct {
 	RetainBranch int  `toml:"retain_branch"` // per path from the first checkpoint to a tip (0: retain)
 	L2Every      int  `toml:"l2_every"`
 	TrackChanges bool `toml:"track_changes"`
+	// TemplateMemory bounds the memory process templates hold alone, on the node and per
+	// sandbox (sizes such as 2g; "" or 0: unbounded). Beyond it the oldest checkpoints'
+	// templates are dropped.
+	TemplateMemory        string `toml:"template_memory"`
+	TemplateMemorySandbox string `toml:"template_memory_sandbox"`
+}
+
+// TemplateMemoryBytes returns checkpoints.template_memory and template_memory_sandbox in
+// bytes (0: unbounded).
+func (c Checkpoints) TemplateMemoryBytes() (node, sandbox int64, err error) {
+	if node, err = parseSize("checkpoints.template_memory", c.TemplateMemory); err != nil {
+		return 0, 0, err
+	}
+	sandbox, err = parseSize("checkpoints.template_memory_sandbox", c.TemplateMemorySandbox)
+	return node, sandbox, err
 }
 
 // Containerd says which containerd to use.
@@ -302,6 +317,9 @@ func (c Config) validate(name string) error {
 	}
 	if c.Checkpoints.Retain < 2 {
 		return fmt.Errorf("config %s: checkpoints.retain = %d: keep at least 2: %w", name, c.Checkpoints.Retain, errdefs.ErrInvalidArgument)
+	}
+	if _, _, err := c.Checkpoints.TemplateMemoryBytes(); err != nil {
+		return fmt.Errorf("config %s: %w", name, err)
 	}
 	if err := c.Egress.validate(name); err != nil {
 		return err
