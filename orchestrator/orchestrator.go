@@ -39,18 +39,18 @@ type Options struct {
 	ObjectStoreURI    string        // where L3 snapshots go; empty: file://<root>/objects
 	InitBinary        string        // static deltabox-init to mount into sandboxes
 	Metrics           *prometheus.Registry
-	Retain            int              // checkpoints kept per sandbox, whole tree (default 64)
-	RetainBranch      int              // checkpoints kept on a path from the first one to a branch tip (default Retain)
+	Retain            int // checkpoints kept per sandbox, whole tree (default 64)
+	RetainBranch      int // checkpoints kept on a path from the first one to a branch tip (default Retain)
 	// TemplateMemory and TemplateMemorySandbox bound the memory process templates hold
 	// alone on the node and per sandbox (0: unbounded; processes.go).
 	TemplateMemory, TemplateMemorySandbox int64
-	StepMax           int              // exec records kept per sandbox (default 2000; -1: none recorded)
-	StepOutputBytes   int              // first and last bytes of each output stream kept per exec record (default 2048)
-	L2Every           int              // after this many L1 checkpoints in a row the next is L2 (0: never)
-	WalkUpperDirs     bool             // captures walk the upper dir instead of using the change tracker
-	Network           *network.Options // sandbox networking; nil: loopback only
-	Egress            EgressOptions    // the egress proxy (with Network only)
-	Effects           Effects          // the egress proxy's hooks (default: none held)
+	StepMax                               int              // exec records kept per sandbox (default 2000; -1: none recorded)
+	StepOutputBytes                       int              // first and last bytes of each output stream kept per exec record (default 2048)
+	L2Every                               int              // after this many L1 checkpoints in a row the next is L2 (0: never)
+	WalkUpperDirs                         bool             // captures walk the upper dir instead of using the change tracker
+	Network                               *network.Options // sandbox networking; nil: loopback only
+	Egress                                EgressOptions    // the egress proxy (with Network only)
+	Effects                               Effects          // the egress proxy's hooks (default: none held)
 	// API request limits (0: the defaults, DefaultRequestsPerSandbox and
 	// DefaultRequestBodyBudget): requests in flight per sandbox, and bytes of request bodies
 	// held in memory at once by the whole daemon.
