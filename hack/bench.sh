@@ -28,6 +28,7 @@ run -bench 'Refill' -benchtime 5x ./integration/
 run -bench 'CheckpointRollback' -benchtime 200x ./integration/
 run -bench 'L3SnapshotRestore' -benchtime 10x ./integration/
 run -bench 'ProcessRollback' -benchtime 50x ./integration/
+run -bench 'ForkFromCheckpoint' -benchtime 2x -timeout 20m ./integration/
 run -bench 'Density' -benchtime 50x -timeout 30m ./integration/
 run -bench 'BenchmarkPipeline' -benchtime 1x -timeout 30m ./integration/
 run -bench 'PythonSDKOverhead' -benchtime 400x ./integration/

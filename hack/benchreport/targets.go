@@ -31,6 +31,8 @@ var targets = []target{
 	{"rollback with processes p50 <= 2 ms", "ProcessRollback", "rollback-procs-p50-ms", 2, false},
 	{"rollback with processes p99 <= 5 ms", "ProcessRollback", "rollback-procs-p99-ms", 5, false},
 	{"rollback with processes >= 100x faster than L3 rollback", "ProcessRollback", "l3/rollback-procs-x", 100, true},
+	{"fork --from CKPT p50 <= 50 ms per fork (5,000-file upper, 100 changed, N=8)", "ForkFromCheckpoint", "fork-from-p50-ms", 50, false},
+	{"fork --from CKPT faster than the L3 fork", "ForkFromCheckpoint", "l3/fork-from-x", 1, true},
 	{"state patch through the Python SDK <= 1 ms over the Go client", "PythonSDKOverhead", "patch-py-over-go-ms", 1, false},
 	{"exec true through the Python SDK <= 1 ms over the Go client", "PythonSDKOverhead", "exec-py-over-go-ms", 1, false},
 	{"e2b SDK Sandbox.create() p50 <= 20 ms (warm pool)", "E2BSDK", "e2b-create-p50-ms", 20, false},
