@@ -31,6 +31,8 @@ func TestCLIConventions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	badPolicy := filepath.Join(local, "bad.yaml")
+	os.WriteFile(badPolicy, []byte("version: 1\nrules:\n  - host: x\n    colour: red\n    action: pass\n"), 0o644)
 	readLocal := func(name string) string {
 		data, _ := os.ReadFile(filepath.Join(local, name))
 		return string(data)
@@ -112,6 +114,13 @@ func TestCLIConventions(t *testing.T) {
 		}},
 		// 8. info shows where sandboxes reach the host and the proxy.
 		{name: "info shows the gateway and the proxy", args: []string{"info"}, stdout: []string{"Sandbox network:", "the host (gateway) at " + d.net.subnet.Addr().Next().String(), "Egress proxy:", "http://" + d.net.subnet.Addr().Next().String() + ":"}},
+		// 4. egress policies.
+		{name: "policy default checks", args: []string{"policy", "default"}, stdout: []string{"version: 1", "default: hold"}},
+		{name: "policy check names line and field", args: []string{"policy", "check", badPolicy}, code: 1, stderr: []string{"invalid_argument", `line 4: unknown field "colour"`}, check: func(t *testing.T, _, errOut string) {
+			if strings.Contains(errOut, "proxy.") || strings.HasSuffix(strings.TrimSpace(errOut), "invalid argument") {
+				t.Fatalf("stderr names Go types or repeats the class: %s", errOut)
+			}
+		}},
 		// 2. output like kubectl.
 		{name: "-o json after the verb", args: []string{"ls", "-o", "json"}, check: func(t *testing.T, out, _ string) {
 			var sbs []api.Sandbox

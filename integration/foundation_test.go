@@ -100,6 +100,9 @@ func TestDaemonNeedsRoot(t *testing.T) {
 	dir := shortTempDir(t)
 	bin := filepath.Join(dir, "deltabox")
 	copyFile(t, e.bin, bin, 0o755)
+	if full := filepath.Join(filepath.Dir(e.bin), "deltabox-daemon"); fileExists(full) { // the cli build hands `daemon` to it
+		copyFile(t, full, filepath.Join(dir, "deltabox-daemon"), 0o755)
+	}
 	cmd := exec.Command(bin, "daemon", "--root", filepath.Join(dir, "root"), "--address", filepath.Join(dir, "api.sock"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
@@ -129,7 +132,7 @@ func TestDaemonStopsCleanlyOnSIGTERM(t *testing.T) {
 
 func TestUsageErrorsExitTwo(t *testing.T) {
 	e := requireEnv(t)
-	for _, args := range [][]string{{"no-such-verb"}, {"info", "--no-such-flag"}, {"-o", "yaml", "info"}, {"info", "extra"}} {
+	for _, args := range [][]string{{"no-such-verb"}, {"info", "--no-such-flag"}, {"-o", "xml", "info"}, {"info", "extra"}} {
 		if _, _, code := runCLI(e.bin, args...); code != 2 {
 			t.Errorf("deltabox %v: want exit 2, got %d", args, code)
 		}

@@ -87,7 +87,7 @@ func TestLeaseExecCopyRelease(t *testing.T) {
 	}
 	d.cli("release", l.ID)
 	_, errOut, code := d.cliRaw("exec", l.ID, "--", "true")
-	if code != 1 || !strings.Contains(errOut, "not found") {
+	if code != 1 || !strings.Contains(errOut, "not_found") {
 		t.Errorf("exec after release: exit %d, %q", code, errOut)
 	}
 	_, err := d.client().Exec(context.Background(), l.ID, api.ExecRequest{Argv: []string{"true"}}, nil, os.Stdout, os.Stderr)

@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
 	"path"
+	"regexp"
 	"strings"
 	"text/template"
 
@@ -95,7 +97,7 @@ func ParsePolicy(src []byte) (*Policy, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(src))
 	dec.KnownFields(true)
 	if err := dec.Decode(&raw); err != nil {
-		return nil, fmt.Errorf("policy: %w: %w", errdefs.ErrInvalidArgument, err)
+		return nil, fmt.Errorf("policy: %s: %w", yamlProblems(err), errdefs.ErrInvalidArgument)
 	}
 	var doc yaml.Node
 	_ = yaml.Unmarshal(src, &doc) // cannot fail: the same bytes decoded above
@@ -372,4 +374,57 @@ func cleanPath(p string) string {
 		c += "/"
 	}
 	return c
+}
+
+// policyFields are the keys each level of a policy takes, for messages about unknown ones.
+var policyFields = map[string]string{
+	"rawPolicy":     "version, default, rules",
+	"rawRule":       "host, ports, methods, path_prefix, action, response, compensate",
+	"rawResponse":   "status, body, headers",
+	"rawCompensate": "method, url, body, headers",
+}
+
+var (
+	yamlUnknownField = regexp.MustCompile(`^line (\d+): field (\S+) not found in type \S*\.(\w+)$`)
+	yamlWrongType    = regexp.MustCompile(`^line (\d+): cannot unmarshal !!(\w+) ` + "`" + `(.*)` + "`" + ` into (\S+)$`)
+)
+
+// yamlProblems rewrites yaml.v3's decoding errors in the policy's words: the line and the
+// field, never Go type names ("line 4: unknown field colour (a rule has host, ports, ...)").
+func yamlProblems(err error) string {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return strings.TrimPrefix(err.Error(), "yaml: ")
+	}
+	out := make([]string, 0, len(te.Errors))
+	for _, e := range te.Errors {
+		switch m := yamlUnknownField.FindStringSubmatch(e); {
+		case m != nil:
+			out = append(out, fmt.Sprintf("line %s: unknown field %q (allowed here: %s)", m[1], m[2], policyFields[m[3]]))
+		default:
+			if m := yamlWrongType.FindStringSubmatch(e); m != nil {
+				out = append(out, fmt.Sprintf("line %s: %q is not %s", m[1], m[3], yamlWant(m[4])))
+			} else {
+				out = append(out, e)
+			}
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// yamlWant names what a Go type wants of a YAML value.
+func yamlWant(goType string) string {
+	switch {
+	case strings.HasPrefix(goType, "[]"):
+		return "a list"
+	case strings.HasPrefix(goType, "map["):
+		return "a mapping of names to values"
+	case strings.Contains(goType, "int"):
+		return "a whole number"
+	case goType == "string":
+		return "a string"
+	case strings.HasPrefix(goType, "proxy.raw") || strings.HasPrefix(goType, "*proxy.raw"):
+		return "a mapping (key: value lines)"
+	}
+	return "of the right kind"
 }

@@ -96,7 +96,7 @@ func commands() []*cli.Command {
 		poolCommand(), leaseCommand(), releaseCommand(), lsCommand(), inspectCommand(), sandboxCommand(),
 		execCommand(), cpCommand(), checkpointCommand(), rollbackCommand(), gotoCommand(), logCommand(), showCommand(), commitCommand(),
 		diffCommand(), stateCommand(), verifyCommand(), effectsCommand(), snapshotCommand(), restoreCommand(), forkCommand(), docsCommand(),
-		runCommand(), completionCommand(), logsCommand(), psCommand(),
+		runCommand(), completionCommand(), logsCommand(), psCommand(), policyCommand(),
 	}
 }
 

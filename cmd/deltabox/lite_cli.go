@@ -12,9 +12,18 @@ import (
 )
 
 // daemonCommand in the cli build hands the whole command line over to deltabox-daemon.
-func daemonCommand() *cli.Command {
+func daemonCommand() *cli.Command { return handedOver("daemon", daemonUsage) }
+
+// policyCommand in the cli build hands over too: checking a policy needs the proxy's parser.
+func policyCommand() *cli.Command {
+	return handedOver("policy", "egress policies: print the default, check a file")
+}
+
+// handedOver is a verb of the full build: the cli build runs deltabox-daemon with the same
+// command line (help included).
+func handedOver(name, usage string) *cli.Command {
 	return &cli.Command{
-		Name: "daemon", Usage: daemonUsage + " (runs " + daemonBinary + ", installed next to deltabox)",
+		Name: name, Usage: usage + " (runs " + daemonBinary + ", installed next to deltabox)",
 		SkipFlagParsing: true,
 		Action:          func(*cli.Context) error { return execFullBinary() },
 	}

@@ -147,15 +147,15 @@ type errorDocument struct {
 }
 
 // errorCode returns the API code of err's class, and its message without the class's own
-// words repeated at the end ("pool \"p\" already exists: already exists" -> "pool \"p\"
-// already exists"); `sandbox "x": not found` stays as it is.
+// words at the end, which the code printed in front of it says ("pool \"p\" already exists:
+// already exists" -> "conflict: pool \"p\" already exists").
 func errorCode(err error) (code, msg string) {
 	code, _ = api.FromError(err)
 	msg = err.Error()
 	for _, cl := range api.Classes {
 		words := cl.Err.Error()
-		if s := strings.TrimSuffix(msg, ": "+words); cl.Is(err) && s != msg && strings.Contains(s, words) {
-			msg = s // "pool \"p\" already exists: already exists"
+		if s := strings.TrimSuffix(msg, ": "+words); cl.Is(err) && s != msg {
+			msg = s // the code says it: "conflict: pool \"p\" already exists", not "...: already exists" again
 			break
 		}
 	}
