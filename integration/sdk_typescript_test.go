@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/deltabox/deltabox/internal/testutil"
@@ -51,7 +54,8 @@ func nodeTestSummary(t *testing.T, what, out string) string {
 func TestTypeScriptSDK(t *testing.T) {
 	sdk := npmBuild(t, "sdk/typescript")[0]
 	u := startUpstream(t)
-	d := egressDaemon(t, u, pythonImage, 2, "", "--no-userns") // the suite snapshots, restores and forks (L3)
+	// --no-userns: the suite snapshots, restores and forks (L3).
+	d := egressDaemon(t, u, pythonImage, 2, "", "--no-userns")
 	rec, recAddr := startRecorder(t, d.address)
 	env := []string{"DELTABOX_ADDRESS=" + recAddr, "DELTABOX_TEST_POOL=net", "DELTABOX_TEST_UPSTREAM=" + u.plain.URL}
 	out := runTool(t, sdk, env, "node", "--test", "test/offline.test.mjs", "test/daemon.test.mjs")
@@ -65,4 +69,41 @@ func TestTypeScriptSDK(t *testing.T) {
 		t.Errorf("the SDK suite took only %d routes of the API: %v", len(seen), seen)
 	}
 	t.Logf("%s tests passed; %d answers on %d routes validated against docs/api/openapi.yaml", passed, len(xs), len(seen))
+
+	js := compileTSExample(t, sdk, "agent_loop.ts")
+	out = runTool(t, filepath.Dir(js), []string{"DELTABOX_ADDRESS=" + d.address}, "node", js, "--pool", "net")
+	mustContain(t, "examples/agent_loop.ts", out, "count: attempt 1 failed (count: exit 3); rolled back",
+		"count: ok after 2 attempt(s)", `"1\n2\n3"`, "added /work/out.txt",
+		`conversation: [["write the notes",1,0],["count",2,0],["check",1,0]]`)
+	if strings.Contains(out, "out.partial") {
+		t.Errorf("the failed attempt's out.partial survived its rollback:\n%s", out)
+	}
+}
+
+// compileTSExample type-checks and compiles examples/NAME with the SDK's pinned TypeScript,
+// resolving @deltabox/sdk to the built SDK (sdk); the path of the .js, next to a node_modules
+// that links @deltabox/sdk so that Node resolves it too.
+func compileTSExample(t *testing.T, sdk, name string) string {
+	t.Helper()
+	src, err := filepath.Abs(filepath.Join("..", "examples", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tsconfig := fmt.Sprintf(`{"compilerOptions": {"target": "ES2022", "module": "ES2022", "moduleResolution": "Bundler",
+  "strict": true, "noEmitOnError": true, "outDir": %q, "rootDir": %q, "types": ["node"],
+  "typeRoots": [%q], "paths": {"@deltabox/sdk": [%q]}}, "files": [%q]}`,
+		filepath.Join(dir, "out"), filepath.Dir(src), filepath.Join(sdk, "node_modules", "@types"),
+		filepath.Join(sdk, "dist", "index.d.ts"), src)
+	if err := os.WriteFile(filepath.Join(dir, "tsconfig.json"), []byte(tsconfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// package.json "type": "module" makes the emitted .js ES modules, as the SDK's are.
+	os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"type": "module"}`), 0o644)
+	os.MkdirAll(filepath.Join(dir, "node_modules", "@deltabox"), 0o755)
+	if err := os.Symlink(sdk, filepath.Join(dir, "node_modules", "@deltabox", "sdk")); err != nil {
+		t.Fatal(err)
+	}
+	runTool(t, dir, nil, filepath.Join(sdk, "node_modules", ".bin", "tsc"), "-p", dir)
+	return filepath.Join(dir, "out", strings.TrimSuffix(name, ".ts")+".js")
 }
