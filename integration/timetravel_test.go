@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -241,4 +243,97 @@ func TestTimeTravelForkFrom(t *testing.T) {
 	if _, err := cl.ForkWith(ctx, id, api.SnapshotRequest{Count: 1, From: "nope"}, nil); !errdefs.IsNotFound(err) {
 		t.Errorf("fork from an unknown checkpoint: %v, want not_found", err)
 	}
+}
+
+// TestTimeTravelRandomEffects moves a sandbox behind the real egress proxy to random
+// checkpoints anywhere in its tree, holding requests between checkpoints: after each move the
+// journal holds exactly the target's held effects less those dropped when their branch was
+// left (docs/time-travel.md), and the state document is the target's.
+func TestTimeTravelRandomEffects(t *testing.T) {
+	u := startUpstream(t)
+	d := egressDaemon(t, u, pythonImage, 1, "")
+	id := d.lease("net", noProxyBypass...).ID
+	rng := rand.New(rand.NewPCG(15, 3))
+	type point struct {
+		state string
+		held  map[string]bool
+		wm    int // effects recorded before it
+	}
+	head := d.checkpointHead(id)
+	at := map[string]point{head: {d.stateDoc(id), map[string]bool{}, 0}}
+	parent := map[string]string{}
+	ids := []string{head}
+	var effects []string
+	held, dropped := map[string]bool{}, map[string]bool{}
+	lca := func(a, b string) string {
+		onA := map[string]bool{}
+		for c := a; c != ""; c = parent[c] {
+			onA[c] = true
+		}
+		for c := b; c != ""; c = parent[c] {
+			if onA[c] {
+				return c
+			}
+		}
+		return ""
+	}
+	moves := 0
+	for step := 0; step < 40; step++ {
+		switch r := rng.IntN(10); {
+		case r < 4:
+			path := fmt.Sprintf("/e%d", len(effects))
+			d.holdPost(id, u.plain.URL+path)
+			effects = append(effects, path)
+			held[path] = true
+			d.cli("state", "patch", id, fmt.Sprintf(`[{"op":"add","path":"/last","value":%q}]`, path))
+		case r < 7:
+			var ck api.Checkpoint
+			d.cliJSON(&ck, "checkpoint", "create", id)
+			parent[ck.ID], head = head, ck.ID
+			ids = append(ids, ck.ID)
+			at[ck.ID] = point{d.stateDoc(id), copyKeys(held), len(effects)}
+		default:
+			to := ids[rng.IntN(len(ids))]
+			for _, p := range effects[at[lca(head, to)].wm:] {
+				if held[p] {
+					delete(held, p)
+					dropped[p] = true
+				}
+			}
+			d.cli("goto", id, to)
+			head = to
+			moves++
+			if got := d.stateDoc(id); got != at[to].state {
+				t.Fatalf("step %d: state after the move to %s: %s, want %s", step, to, got, at[to].state)
+			}
+			want := map[string]bool{}
+			for p := range at[to].held {
+				if !dropped[p] {
+					want[p] = true
+				}
+			}
+			var list []api.Effect
+			d.cliJSON(&list, "effects", "ls", id, "--status", "held")
+			got := map[string]bool{}
+			for _, e := range list {
+				got[strings.TrimPrefix(e.URL, u.plain.URL)] = true
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) || fmt.Sprint(held) != fmt.Sprint(want) {
+				t.Fatalf("step %d: held after the move to %s: %v, want %v (model %v)", step, to, got, want, held)
+			}
+		}
+	}
+	if moves < 3 {
+		t.Fatalf("only %d moves", moves)
+	}
+}
+
+func copyKeys(m map[string]bool) map[string]bool {
+	out := make(map[string]bool, len(m))
+	for k, v := range m {
+		if v {
+			out[k] = true
+		}
+	}
+	return out
 }
