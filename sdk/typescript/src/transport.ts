@@ -101,16 +101,17 @@ export class Transport {
   /** The address this transport dials, as given. */
   readonly address: string;
   readonly timeoutMs?: number;
-  private readonly ep: Endpoint;
-  private readonly agent: http.Agent;
+  // Private fields (#): util.inspect and console.log never show them, so never the token.
+  readonly #ep: Endpoint;
+  readonly #agent: http.Agent;
 
   constructor(opts: ConnectOptions = {}, defaultAddress = DEFAULT_ADDRESS) {
     this.address = opts.address ?? env("DELTABOX_ADDRESS") ?? defaultAddress;
     this.timeoutMs = opts.timeoutMs;
     const a = parseAddress(this.address);
     if (a.socketPath !== undefined) {
-      this.ep = { name: a.socketPath, base: { socketPath: a.socketPath }, secure: false };
-      this.agent = new http.Agent({ keepAlive: true });
+      this.#ep = { name: a.socketPath, base: { socketPath: a.socketPath }, secure: false };
+      this.#agent = new http.Agent({ keepAlive: true });
       return;
     }
     const tokenFile = opts.tokenFile ?? env("DELTABOX_TOKEN_FILE");
@@ -129,8 +130,8 @@ export class Transport {
       tls.cert = readPEM("certificate file", certFile);
       tls.key = readPEM("key file", keyFile);
     }
-    this.agent = new https.Agent(tls);
-    this.ep = {
+    this.#agent = new https.Agent(tls);
+    this.#ep = {
       name: this.address,
       base: { host: a.host, port: a.port, headers: { Authorization: `Bearer ${token}` } },
       secure: true,
@@ -139,7 +140,7 @@ export class Transport {
 
   /** Close the kept-alive connections. */
   close(): void {
-    this.agent.destroy();
+    this.#agent.destroy();
   }
 
   /** A path with its query (undefined, null, "" and false values left out). */
@@ -154,27 +155,27 @@ export class Transport {
   }
 
   private unreachable(err: Error): DaemonUnreachableError {
-    const hint = this.ep.secure
+    const hint = this.#ep.secure
       ? "is `deltabox daemon` listening there ([api] tcp_address)?"
       : "is `deltabox daemon` running? set DELTABOX_ADDRESS to its socket";
-    return new DaemonUnreachableError(`cannot reach the DeltaBox daemon at ${this.ep.name} (${hint}): ${err.message}`,
+    return new DaemonUnreachableError(`cannot reach the DeltaBox daemon at ${this.#ep.name} (${hint}): ${err.message}`,
       { cause: err });
   }
 
   private send(method: string, target: string, headers: Record<string, string>, keepAlive: boolean): http.ClientRequest {
     const opts: http.RequestOptions = {
-      ...this.ep.base,
+      ...this.#ep.base,
       method,
       path: target,
-      headers: { ...(this.ep.base.headers as Record<string, string> | undefined), ...headers },
-      agent: keepAlive ? this.agent : undefined,
+      headers: { ...(this.#ep.base.headers as Record<string, string> | undefined), ...headers },
+      agent: keepAlive ? this.#agent : undefined,
     };
     if (!keepAlive) {
       // A fresh connection that is not kept: the same TLS settings as the agent's.
-      const ao = (this.agent as https.Agent).options as https.AgentOptions;
+      const ao = (this.#agent as https.Agent).options as https.AgentOptions;
       Object.assign(opts, { agent: false, ca: ao.ca, cert: ao.cert, key: ao.key });
     }
-    return (this.ep.secure ? https.request : http.request)(opts);
+    return (this.#ep.secure ? https.request : http.request)(opts);
   }
 
   /** A JSON request; the decoded JSON answer (undefined for an empty one). */
@@ -221,7 +222,7 @@ export class Transport {
   private deadline(req: http.ClientRequest, method: string, target: string): void {
     if (this.timeoutMs === undefined) return;
     req.setTimeout(this.timeoutMs, () => {
-      req.destroy(new DeadlineExceededError(`${method} ${target}: no answer from ${this.ep.name} within ${this.timeoutMs} ms`));
+      req.destroy(new DeadlineExceededError(`${method} ${target}: no answer from ${this.#ep.name} within ${this.timeoutMs} ms`));
     });
   }
 
@@ -245,7 +246,7 @@ export class Transport {
       });
       if (this.timeoutMs !== undefined) {
         req.setTimeout(this.timeoutMs, () => {
-          if (!answered) req.destroy(new DeadlineExceededError(`${method} ${target}: no answer from ${this.ep.name} within ${this.timeoutMs} ms`));
+          if (!answered) req.destroy(new DeadlineExceededError(`${method} ${target}: no answer from ${this.#ep.name} within ${this.timeoutMs} ms`));
         });
       }
       req.on("response", (res) => {

@@ -134,3 +134,17 @@ test("package metadata: no runtime dependencies, pinned dev dependencies", () =>
   assert.deepEqual(pkg.dependencies ?? {}, {});
   for (const v of Object.values(pkg.devDependencies)) assert.match(v, /^\d+\.\d+\.\d+$/);
 });
+
+test("a tcp:// client takes its token from a file and never shows it", async () => {
+  const dir = tmp();
+  const tokenFile = path.join(dir, "token");
+  const secret = "s3cret-token-0123456789";
+  fs.writeFileSync(tokenFile, `# comment\n${secret}\n`);
+  const c = new Client({ address: "tcp://127.0.0.1:1", tokenFile });
+  const { inspect } = await import("node:util");
+  assert.ok(!inspect(c, { depth: 10 }).includes(secret), inspect(c, { depth: 10 }));
+  assert.ok(!JSON.stringify(c).includes(secret));
+  await assert.rejects(c.info(), (e) => e instanceof DaemonUnreachableError && e.message.includes("tcp://127.0.0.1:1") && !e.message.includes(secret));
+  assert.throws(() => new Client({ address: "tcp://127.0.0.1:1", tokenFile: path.join(dir, "missing") }), InvalidArgumentError);
+  c.close();
+});
