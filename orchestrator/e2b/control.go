@@ -35,6 +35,10 @@ func (g *Gateway) controlRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", g.authSandbox(g.setTimeout))
 	mux.HandleFunc("POST /sandboxes/{id}/refreshes", g.authSandbox(g.refresh))
 	mux.HandleFunc("POST /sandboxes/{id}/pause", g.authSandbox(func(r *http.Request, sb *sandbox) (int, any, error) {
+		var req pauseRequest // memory: false (a filesystem-only pause) is served like true
+		if err := decodeBody(r, &req); err != nil {
+			return 0, nil, err
+		}
 		return http.StatusNoContent, nil, sb.pause(r.Context())
 	}))
 	mux.HandleFunc("POST /sandboxes/{id}/resume", g.authSandbox(g.connect))
