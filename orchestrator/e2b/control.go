@@ -146,7 +146,7 @@ func (g *Gateway) listSandboxes(r *http.Request, tenant string) (int, any, error
 	g.mu.Unlock()
 	out := []sandboxListed{}
 	for _, sb := range sbs {
-		if sb.matches(states, meta) {
+		if !g.forgetGone(sb) && sb.matches(states, meta) {
 			out = append(out, sb.listed(false))
 		}
 	}

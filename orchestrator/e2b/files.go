@@ -95,7 +95,7 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		if _, err := root.WriteFile(rel, io.LimitReader(body, maxUpload), 0o644); err != nil {
+		if _, err := root.WriteFile(rel, &capReader{r: body, left: maxUpload}, 0o644); err != nil {
 			return err
 		}
 		out = append(out, fileEntry{Name: path.Base(abs), Type: "file", Path: abs})
@@ -139,4 +139,26 @@ func writeParts(mr *multipart.Reader, query string, write func(string, io.Reader
 			return err
 		}
 	}
+}
+
+// capReader fails a read past left bytes (a silent cut would store a truncated file).
+type capReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (c *capReader) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		var one [1]byte
+		if n, _ := c.r.Read(one[:]); n > 0 {
+			return 0, fmt.Errorf("upload is over %d bytes: %w", int64(maxUpload), errdefs.ErrInvalidArgument)
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	return n, err
 }

@@ -178,10 +178,31 @@ func (g *Gateway) owned(tenant, id string) (*sandbox, error) {
 	g.mu.Lock()
 	sb := g.sandboxes[id]
 	g.mu.Unlock()
-	if sb == nil || sb.tenant != tenant {
+	if sb == nil || sb.tenant != tenant || g.forgetGone(sb) {
 		return nil, fmt.Errorf("sandbox %q not found: %w", id, errdefs.ErrNotFound)
 	}
 	return sb, nil
+}
+
+// forgetGone drops the record of a sandbox released by other means (the host API, a pool
+// removal) and reports whether it did.
+func (g *Gateway) forgetGone(sb *sandbox) bool {
+	if _, err := g.b.Sandbox(sb.id); !errdefs.IsNotFound(err) {
+		return false
+	}
+	sb.mu.Lock()
+	sb.gone = true
+	if sb.timer != nil {
+		sb.timer.Stop()
+	}
+	sb.mu.Unlock()
+	sb.cancel()
+	g.mu.Lock()
+	if g.sandboxes[sb.id] == sb {
+		delete(g.sandboxes, sb.id)
+	}
+	g.mu.Unlock()
+	return true
 }
 
 // envdSandbox authenticates an in-sandbox request: the E2b-Sandbox-Id header names a

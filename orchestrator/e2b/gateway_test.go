@@ -99,7 +99,14 @@ func (f *fakeBackend) RestoreSnapshot(ctx context.Context, uri, pool string) (ap
 
 func (f *fakeBackend) SnapshotRemove(ctx context.Context, uri string) error { return nil }
 
-func (f *fakeBackend) Sandbox(id string) (api.Sandbox, error) { return api.Sandbox{ID: id}, nil }
+func (f *fakeBackend) Sandbox(id string) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.live[id]; !ok {
+		return api.Sandbox{}, errdefs.ErrNotFound
+	}
+	return api.Sandbox{ID: id}, nil
+}
 
 func (f *fakeBackend) Exec(ctx context.Context, id string, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error) {
 	f.record("exec " + strings.Join(req.Argv, " "))
@@ -147,6 +154,30 @@ const (
 	keyA = "tenant-a-key-0123456789"
 	keyB = "tenant-b-key-0123456789"
 )
+
+func TestReleasedElsewhereIsForgotten(t *testing.T) {
+	f := newFake(t)
+	srv := newTestGateway(t, f, Options{})
+	c := create(t, srv, keyA)
+	f.Release(context.Background(), c.SandboxID) // e.g. `deltabox release` on the host
+	if status, _ := call(t, "GET", srv.URL+"/sandboxes/"+c.SandboxID, keyA, nil); status != http.StatusNotFound {
+		t.Errorf("info of a sandbox released elsewhere: %d", status)
+	}
+	if _, body := call(t, "GET", srv.URL+"/v2/sandboxes", keyA, nil); strings.TrimSpace(string(body)) != "[]" {
+		t.Errorf("list: %s", body)
+	}
+}
+
+func TestUploadOverTheCapFails(t *testing.T) {
+	r := &capReader{r: strings.NewReader("12345"), left: 4}
+	if _, err := io.ReadAll(r); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a read past the cap: %v", err)
+	}
+	r = &capReader{r: strings.NewReader("1234"), left: 4}
+	if data, err := io.ReadAll(r); err != nil || string(data) != "1234" {
+		t.Errorf("a read up to the cap: %q %v", data, err)
+	}
+}
 
 func TestRestartRecoversSandboxes(t *testing.T) {
 	f := newFake(t)
