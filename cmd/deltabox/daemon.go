@@ -115,7 +115,8 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	o, err := orchestrator.New(ctx, orchestrator.Options{
 		Root: cfg.Root, ContainerdAddress: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI, InitBinary: initBinary,
-		Metrics: registry, Retain: cfg.Checkpoints.Retain, RetainBranch: cfg.Checkpoints.RetainBranch, L2Every: cfg.Checkpoints.L2Every,
+		Metrics: registry, Retain: cfg.Checkpoints.Retain, RetainBranch: cfg.Checkpoints.RetainBranch,
+		StepMax: cfg.Checkpoints.StepRecords, StepOutputBytes: cfg.Checkpoints.StepOutputBytes, L2Every: cfg.Checkpoints.L2Every,
 		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, TemplateMemory: tplNode, TemplateMemorySandbox: tplSandbox, Network: netOpts, SandboxDefaults: defaults,
 		Egress: egressOptions(cfg.Egress),
 		Snapshots: orchestrator.SnapshotOptions{SigningKey: cfg.Snapshots.SigningKey, TrustedKeys: cfg.Snapshots.TrustedKeys,

@@ -169,10 +169,14 @@ type Network struct {
 
 // Checkpoints configures step checkpoints.
 type Checkpoints struct {
-	Retain       int  `toml:"retain"`
-	RetainBranch int  `toml:"retain_branch"` // per path from the first checkpoint to a tip (0: retain)
-	L2Every      int  `toml:"l2_every"`
-	TrackChanges bool `toml:"track_changes"`
+	Retain       int `toml:"retain"`
+	RetainBranch int `toml:"retain_branch"` // per path from the first checkpoint to a tip (0: retain)
+	// StepRecords bounds the exec records kept per sandbox (0: 2000; -1: none recorded) and
+	// StepOutputBytes the first and last bytes of each output stream a record keeps (0: 2048).
+	StepRecords     int  `toml:"step_records"`
+	StepOutputBytes int  `toml:"step_output_bytes"`
+	L2Every         int  `toml:"l2_every"`
+	TrackChanges    bool `toml:"track_changes"`
 	// TemplateMemory bounds the memory process templates hold alone, on the node and per
 	// sandbox (sizes such as 2g; "" or 0: unbounded). Beyond it the oldest checkpoints'
 	// templates are dropped.
@@ -311,6 +315,10 @@ func (c Config) validate(name string) error {
 	if c.Version != CurrentVersion {
 		return fmt.Errorf("config %s: version = %d is not supported (want version = %d): %w",
 			name, c.Version, CurrentVersion, errdefs.ErrInvalidArgument)
+	}
+	if c.Checkpoints.StepRecords < -1 || c.Checkpoints.StepOutputBytes < 0 || c.Checkpoints.StepOutputBytes > 1<<20 {
+		return fmt.Errorf("config %s: checkpoints.step_records = %d, step_output_bytes = %d: want -1 or more, and 0 to 1 MiB: %w",
+			name, c.Checkpoints.StepRecords, c.Checkpoints.StepOutputBytes, errdefs.ErrInvalidArgument)
 	}
 	if c.Checkpoints.RetainBranch < 0 {
 		return fmt.Errorf("config %s: checkpoints.retain_branch = %d: want 0 (as retain) or more: %w", name, c.Checkpoints.RetainBranch, errdefs.ErrInvalidArgument)
