@@ -298,8 +298,9 @@ func TestProcessTemplatesDaemonKill(t *testing.T) {
 	if out := d.cli("exec", id, "--", "sh", "-c", "cat /work/f 2>/dev/null || echo none"); strings.TrimSpace(out) != "none" {
 		t.Errorf("file after the rollback: %q", out)
 	}
-	// A new checkpoint with processes works after the restart.
-	d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+	// A new checkpoint with processes works after the restart (asynchronous: the rollback
+	// right after it waits for it to be durable).
+	d.cliJSON(&ck, "checkpoint", "create", id, "--processes", "--async")
 	py.ask("v = 3")
 	rb = api.RollbackResult{}
 	d.cliJSON(&rb, "rollback", id, "--to", ck.ID)

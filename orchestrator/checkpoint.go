@@ -48,7 +48,12 @@ func (o *Orchestrator) Checkpoint(ctx context.Context, id string, req api.Checkp
 // The thaw runs even if ctx is cancelled.
 func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.CheckpointRequest) (api.Checkpoint, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	locked := true // an asynchronous checkpoint hands the lock to its background half
+	defer func() {
+		if locked {
+			s.mu.Unlock()
+		}
+	}()
 	if err := o.finishPending(ctx, s); err != nil {
 		return api.Checkpoint{}, err
 	}
@@ -88,6 +93,18 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	if err != nil {
 		return api.Checkpoint{}, err
 	}
+	if req.Async {
+		locked = false
+		return o.recordAsync(ctx, s, req, rec, pending, tpls, frozen, start), nil
+	}
+	return o.record(ctx, s, req, rec, pending, tpls, frozen, start)
+}
+
+// record makes a cut checkpoint durable (its files and record, one write) and adds it to
+// the session. Callers hold s.mu.
+func (o *Orchestrator) record(ctx context.Context, s *session, req api.CheckpointRequest, rec ckptRecord, pending pendingFiles,
+	tpls map[int]*proctpl.Template, frozen time.Duration, start time.Time) (api.Checkpoint, error) {
+	var err error
 	defer func() { // a checkpoint that failed does not keep them
 		if s.tpls[rec.ID] == nil {
 			for _, tp := range tpls {

@@ -261,6 +261,9 @@ func (in rollbackIntent) stateSeqAfter() uint64 {
 
 // finishPending redoes a rollback that failed after it began. Callers hold s.mu.
 func (o *Orchestrator) finishPending(ctx context.Context, s *session) error {
+	if err := s.takeAsyncError(); err != nil {
+		return err
+	}
 	if s.pending == nil {
 		return nil
 	}

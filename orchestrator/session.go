@@ -54,6 +54,7 @@ type session struct {
 	tplDropped map[string]string // why a checkpoint's templates were dropped (tplbounds.go)
 	tplCount   atomic.Int64      // templates in tpls, for the node's metrics and bound
 	tplBytes   atomic.Int64      // their memory, as last measured
+	asyncErr   error             // the failure of the last asynchronous checkpoint (async.go)
 
 	ready     chan struct{} // closed once open finished
 	openErr   error

@@ -21,6 +21,7 @@ func checkpointCommand() *cli.Command {
 				&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "a note kept with the checkpoint"},
 				&cli.StringFlag{Name: "name", Usage: "a name to refer to it by (docs/time-travel.md)"},
 				&cli.BoolFlag{Name: "pin", Usage: "retention never drops it"},
+				&cli.BoolFlag{Name: "async", Usage: "return once the sandbox runs again; the checkpoint becomes durable in the background (later operations on the sandbox wait for it)"},
 				&cli.BoolFlag{Name: "processes", Usage: "keep the sandbox's processes too (l1/l2): a stopped copy-on-write template of each, from which a rollback starts fresh copies (default: the pool's checkpoint_processes)"},
 			},
 			Action: checkpointCreate,
@@ -38,7 +39,7 @@ func checkpointCreate(c *cli.Context) error {
 		return err
 	}
 	req := api.CheckpointRequest{Level: c.String("level"), Message: c.String("message"),
-		Name: c.String("name"), Pin: c.Bool("pin")}
+		Name: c.String("name"), Pin: c.Bool("pin"), Async: c.Bool("async")}
 	if c.IsSet("processes") {
 		v := c.Bool("processes")
 		req.Processes = &v

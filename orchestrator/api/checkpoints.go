@@ -25,6 +25,9 @@ type CheckpointRequest struct {
 	// of each, from which a rollback starts fresh copies. Default: the pool's
 	// checkpoint_processes.
 	Processes *bool `json:"processes,omitempty"`
+	// Async returns as soon as the sandbox runs again; the checkpoint is made durable in the
+	// background, and every later operation on the sandbox waits for it.
+	Async bool `json:"async,omitempty"`
 }
 
 // CheckpointProcess says how a checkpoint keeps one process of the sandbox.

@@ -245,16 +245,21 @@ class Sandbox:
     # --- checkpoints
 
     def checkpoint(self, message: Optional[str] = None, level: Optional[str] = None,
-                   processes: Optional[bool] = None, name: Optional[str] = None, pin: bool = False) -> Dict[str, Any]:
+                   processes: Optional[bool] = None, name: Optional[str] = None, pin: bool = False,
+                   async_: bool = False) -> Dict[str, Any]:
         """Take a checkpoint (level "l1" by default, "l2", "l3"). ``processes`` keeps the
         sandbox's processes too, as templates a rollback starts copies of (default: the
         pool's checkpoint_processes); ``name`` is a reference besides its ID, ``pin`` keeps
-        retention from ever dropping it."""
+        retention from ever dropping it. ``async_`` returns once the sandbox runs again: the
+        checkpoint becomes durable in the background and later calls on the sandbox wait
+        for it."""
         body: Dict[str, Any] = {k: v for k, v in (("message", message), ("level", level), ("name", name)) if v}
         if processes is not None:
             body["processes"] = processes
         if pin:
             body["pin"] = True
+        if async_:
+            body["async"] = True
         return self._json("POST", "/checkpoints", body)
 
     def checkpoints(self) -> List[Dict[str, Any]]:
