@@ -17,9 +17,13 @@ CONTAINERD_ADDRESS = $(shell bash hack/containerd.sh address)
 # A second private containerd plays a second node in the cross-node snapshot tests.
 NODE2_ROOT = /var/lib/deltabox-dev2
 CONTAINERD2_ADDRESS = $(shell DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/containerd.sh address)
+# A third plays the third node of the multi-node pipeline test on Temporal (integration/scaleout_test.go).
+NODE3_ROOT = /var/lib/deltabox-dev3
+CONTAINERD3_ADDRESS = $(shell DELTABOX_DEV_ROOT=$(NODE3_ROOT) bash hack/containerd.sh address)
 TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
 	DELTABOX_CONTAINERD_ADDRESS=$(CONTAINERD_ADDRESS) DELTABOX_CONTAINERD2_ADDRESS=$(CONTAINERD2_ADDRESS) \
-	DELTABOX_E2B_NODE_PATH=$(shell bash hack/e2b-sdk.sh path)
+	DELTABOX_E2B_NODE_PATH=$(shell bash hack/e2b-sdk.sh path) \
+	DELTABOX_CONTAINERD3_ADDRESS=$(CONTAINERD3_ADDRESS) DELTABOX_TEMPORAL=$(shell command -v temporal || echo /usr/local/bin/temporal)
 
 .PHONY: build deps containerd images npm e2b-sdk setup test test-soak test-unit demo bench lint docs clean
 
@@ -31,16 +35,19 @@ build: ## build bin/deltabox (client), bin/deltabox-daemon and the static sandbo
 	@if [ -f cmd/deltabox-init/main.go ]; then \
 		CGO_ENABLED=0 $(GO) build -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/deltabox-init ./cmd/deltabox-init; fi
 
-deps: ## install pinned containerd, runc, CRIU, CNI plugins, versitygw (idempotent)
+deps: ## install pinned containerd, runc, CRIU, CNI plugins, versitygw, the Temporal CLI (idempotent)
 	bash hack/install-deps.sh
+	bash hack/install-temporal.sh
 
 containerd: deps ## start the private containerd used by tests and the demo
 	bash hack/containerd.sh start
 
-images: containerd ## build and import the busybox and python images (into both private containerds)
+images: containerd ## build and import the busybox and python images (into the three private containerds)
 	bash hack/images.sh
 	DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/containerd.sh start
 	DELTABOX_DEV_ROOT=$(NODE2_ROOT) bash hack/images.sh
+	DELTABOX_DEV_ROOT=$(NODE3_ROOT) bash hack/containerd.sh start
+	DELTABOX_DEV_ROOT=$(NODE3_ROOT) bash hack/images.sh
 
 setup: deps containerd images npm e2b-sdk
 

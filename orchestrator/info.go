@@ -20,6 +20,7 @@ import (
 // Info reports the daemon, its dependencies and the host.
 func (o *Orchestrator) Info(ctx context.Context) (api.Info, error) {
 	info := api.Info{
+		Node:       o.node,
 		Daemon:     api.Component{Version: version.Version, Commit: version.Commit},
 		Containerd: o.containerdInfo(ctx),
 		Runc:       runcInfo(ctx),

@@ -32,20 +32,33 @@ func (p *Pipeline) loadFiles(line int) error {
 		if f.Src == "" || !path.IsAbs(f.Dest) || path.Clean(f.Dest) == "/" {
 			return lineErrorf(line, "files[%d]: want src and an absolute dest below /", i)
 		}
-		src := f.Src
-		if !filepath.IsAbs(src) {
-			src = filepath.Join(filepath.Dir(p.Source), src)
-		}
-		st, err := os.Stat(src)
-		if err != nil || !st.Mode().IsRegular() || st.Size() > maxFileSize {
-			return lineErrorf(line, "files[%d]: %s: want a regular file of at most %d bytes (%v)", i, src, maxFileSize, err)
-		}
-		if f.data, err = os.ReadFile(src); err != nil {
-			return lineErrorf(line, "files[%d]: %v", i, err)
+		if p.readFile != nil { // a bundle: the files travelled with the pipeline
+			var err error
+			if f.data, err = p.readFile(f.Src); err != nil {
+				return lineErrorf(line, "files[%d]: %v", i, err)
+			}
+		} else if err := f.load(p.Source, i, line); err != nil {
+			return err
 		}
 		if f.Mode == 0 {
 			f.Mode = 0o644
 		}
+	}
+	return nil
+}
+
+// load reads f.Src (relative to the pipeline file at source).
+func (f *File) load(source string, i, line int) error {
+	src := f.Src
+	if !filepath.IsAbs(src) {
+		src = filepath.Join(filepath.Dir(source), src)
+	}
+	st, err := os.Stat(src)
+	if err != nil || !st.Mode().IsRegular() || st.Size() > maxFileSize {
+		return lineErrorf(line, "files[%d]: %s: want a regular file of at most %d bytes (%v)", i, src, maxFileSize, err)
+	}
+	if f.data, err = os.ReadFile(src); err != nil {
+		return lineErrorf(line, "files[%d]: %v", i, err)
 	}
 	return nil
 }

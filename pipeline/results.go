@@ -25,11 +25,16 @@ const (
 
 // Result is one task's line in the results.
 type Result struct {
-	Index       int          `json:"index"`
-	ID          string       `json:"id"`
-	Line        int          `json:"line,omitempty"`
-	Status      string       `json:"status"`
-	Sandbox     string       `json:"sandbox,omitempty"`
+	Index   int    `json:"index"`
+	ID      string `json:"id"`
+	Line    int    `json:"line,omitempty"`
+	Status  string `json:"status"`
+	Sandbox string `json:"sandbox,omitempty"`
+	// Node is the daemon (its ID, as `deltabox info` shows it) the task ended on, and Nodes
+	// every node it ran on, in order, when it failed over (Temporal engine only).
+	Node        string       `json:"node,omitempty"`
+	Nodes       []string     `json:"nodes,omitempty"`
+	Failovers   int          `json:"failovers,omitempty"` // times it moved to another node
 	Seed        uint32       `json:"seed"`
 	Attempts    int          `json:"attempts"`    // step runs, retries included
 	Failures    int          `json:"failures"`    // step runs that failed
@@ -117,6 +122,7 @@ type Summary struct {
 	Rollbacks    int          `json:"rollbacks"`
 	Checkpoints  int          `json:"checkpoints"`
 	Commits      int          `json:"commits"`
+	Failovers    int          `json:"failovers,omitempty"` // Temporal engine: tasks moved to another node
 	Effects      EffectCounts `json:"effects"`
 	CheckpointMS Percentiles  `json:"checkpoint_ms"` // client-measured round trips
 	RollbackMS   Percentiles  `json:"rollback_ms"`
@@ -149,6 +155,7 @@ func (s *Summary) add(r Result) {
 	s.Rollbacks += r.Rollbacks
 	s.Checkpoints += r.Checkpoints
 	s.Commits += r.Commits
+	s.Failovers += r.Failovers
 	s.Effects.add(r.Effects)
 	s.checkpointMS = append(s.checkpointMS, r.checkpointMS...)
 	s.rollbackMS = append(s.rollbackMS, r.rollbackMS...)

@@ -42,6 +42,8 @@ type Options struct {
 	// Output, when set, receives each attempt's stdout and stderr: Output(task, step,
 	// attempt) returns a writer (closed after the attempt when it is an io.Closer).
 	Output func(t Task, step string, attempt int) io.Writer
+	// Labels are added to every lease's labels.
+	Labels map[string]string
 }
 
 // runner is one run of a pipeline over a list of tasks.

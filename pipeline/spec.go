@@ -39,9 +39,16 @@ type Pipeline struct {
 	Files     []File            `yaml:"files"`   // copied into every sandbox after the lease
 	Steps     []*Step           `yaml:"steps"`
 	Fallbacks []*Step           `yaml:"fallbacks"` // steps that run only when a step names them
+	// Failover asks for L3 failover points (used by the Temporal engine, ignored by a local
+	// run): "l3 every N steps" (or "l3 every step"); steps may also ask one for themselves.
+	Failover string `yaml:"failover"`
 
 	// Source names the file the pipeline came from, for messages.
 	Source string `yaml:"-"`
+
+	failoverEvery int    // from Failover: every N steps (0: none)
+	raw           []byte // the file as parsed (Bundle)
+	readFile      func(src string) ([]byte, error)
 }
 
 // Step is one unit of work of a task: checkpoint, exec, state patch, commit.
@@ -58,6 +65,7 @@ type Step struct {
 	OnFailure   FailurePolicy     `yaml:"on_failure"`
 	Commit      string            `yaml:"commit"` // step or task (default: the pipeline's)
 	FreshRandom bool              `yaml:"fresh_random"`
+	Failover    string            `yaml:"failover"` // l3: an L3 failover point after this step (or none)
 
 	// Line is where the step starts in the pipeline file.
 	Line  int       `yaml:"-"`
@@ -127,6 +135,11 @@ func Load(path string) (*Pipeline, error) {
 // Parse decodes a pipeline file strictly (unknown fields are errors) and validates it. Every
 // error names the file and line ("agent.yaml:12: ...") and is of class InvalidArgument.
 func Parse(source string, data []byte) (*Pipeline, error) {
+	return parse(source, data, nil)
+}
+
+// parse is Parse with the pipeline's files read by readFile (nil: from the disk).
+func parse(source string, data []byte, readFile func(src string) ([]byte, error)) (*Pipeline, error) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		return nil, fileError(source, err)
@@ -134,7 +147,7 @@ func Parse(source string, data []byte) (*Pipeline, error) {
 	if len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
 		return nil, fmt.Errorf("%s: a pipeline is a YAML mapping with pool and steps: %w", source, errdefs.ErrInvalidArgument)
 	}
-	p := &Pipeline{Source: source}
+	p := &Pipeline{Source: source, raw: data, readFile: readFile}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(p); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"time"
 
@@ -100,6 +101,7 @@ func (tr *taskRun) lease(ctx context.Context) error {
 	defer cancel()
 	req := api.LeaseRequest{Env: tr.leaseEnv(), Labels: map[string]string{
 		"deltabox.pipeline": tr.r.p.DisplayName(), "deltabox.task": strconv.Itoa(tr.t.Index)}}
+	maps.Copy(req.Labels, tr.r.opts.Labels)
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		l, err := tr.r.c.Lease(ctx, tr.r.p.Pool, req)
 		if err == nil {

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 
 	"gopkg.in/yaml.v3"
 )
@@ -21,6 +22,9 @@ func (p *Pipeline) validate(doc *yaml.Node) error {
 		return err
 	}
 	if err := p.loadFiles(keyLine(doc, "files")); err != nil {
+		return err
+	}
+	if err := p.parseFailover(keyLine(doc, "failover")); err != nil {
 		return err
 	}
 	byName := map[string]*Step{}
@@ -69,6 +73,11 @@ func (s *Step) validate(p *Pipeline) error {
 	case LevelL1, LevelL2:
 	default:
 		return lineErrorf(s.Line, "step %q: checkpoint %q: want l1 or l2", s.Name, s.Checkpoint)
+	}
+	switch s.Failover {
+	case "", FailoverNone, FailoverL3:
+	default:
+		return lineErrorf(s.Line, "step %q: failover %q: want l3 or none", s.Name, s.Failover)
 	}
 	if err := s.defaults(p); err != nil {
 		return err
@@ -134,4 +143,57 @@ func keyLine(doc *yaml.Node, key string) int {
 		return v.Line
 	}
 	return doc.Line
+}
+
+// Failover values.
+const (
+	FailoverL3   = "l3"   // a step: an L3 failover point after it
+	FailoverNone = "none" // no failover point (a step: not even the pipeline's every-N one)
+)
+
+var failoverRE = regexp.MustCompile(`^l3 every (?:step|([1-9][0-9]{0,3}) steps?)$`)
+
+// parseFailover reads the pipeline's `failover: l3 every N steps`.
+func (p *Pipeline) parseFailover(line int) error {
+	if p.Failover == "" || p.Failover == FailoverNone {
+		return nil
+	}
+	m := failoverRE.FindStringSubmatch(p.Failover)
+	if m == nil {
+		return lineErrorf(line, "failover %q: want \"l3 every N steps\", \"l3 every step\" or none", p.Failover)
+	}
+	p.failoverEvery = 1
+	if m[1] != "" {
+		p.failoverEvery, _ = strconv.Atoi(m[1])
+	}
+	return nil
+}
+
+// FailoverAfter reports whether the Temporal engine pushes an L3 failover point after the
+// pipeline's step i (from 0): the step asks for one, or it ends a run of the pipeline's
+// every-N steps (and does not say none). The last step never needs one.
+func (p *Pipeline) FailoverAfter(i int) bool {
+	if i < 0 || i >= len(p.Steps)-1 {
+		return false
+	}
+	switch p.Steps[i].Failover {
+	case FailoverL3:
+		return true
+	case FailoverNone:
+		return false
+	}
+	return p.failoverEvery > 0 && (i+1)%p.failoverEvery == 0
+}
+
+// HasFailover reports whether the pipeline asks for L3 failover points at all.
+func (p *Pipeline) HasFailover() bool {
+	if p.failoverEvery > 0 {
+		return true
+	}
+	for _, s := range p.Steps {
+		if s.Failover == FailoverL3 {
+			return true
+		}
+	}
+	return false
 }

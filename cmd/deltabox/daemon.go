@@ -149,12 +149,19 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	go func() { errc <- srv.Serve(l) }()
 	log.L(ctx).Info("daemon started", "version", version.Version, "address", cfg.Address,
 		"root", cfg.Root, "containerd", cfg.Containerd.Address, "namespace", cfg.Containerd.Namespace)
+	tctx, stopTemporal := context.WithCancel(ctx)
+	defer stopTemporal()
+	waitTemporal, err := startTemporal(tctx, cfg)
+	if err != nil {
+		return err
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve API on %s: %w", cfg.Address, err)
 	case <-ctx.Done():
 	}
 	log.L(ctx).Info("daemon stopping", "reason", context.Cause(ctx))
+	waitTemporal() // its activities use the API: stop taking work before the API goes
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {

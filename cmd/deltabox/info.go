@@ -57,6 +57,7 @@ func printInfo(w io.Writer, r infoResult) {
 	row("Overlayfs", "%t", r.Host.Overlayfs)
 	row("Change tracking", "%s", r.Host.ChangeTracking)
 	row("State root", "%s", r.StateRoot)
+	row("Node", "%s", r.Node)
 	row("Object store", "%s", r.Store.URI)
 	if n := r.Network; n != nil {
 		row("Sandbox network", "%s, the host (gateway) at %s", n.Subnet, n.Gateway)

@@ -28,6 +28,9 @@ type runOptions struct {
 	logDir   string
 	parallel int
 	logLevel string
+	engine   string // "local" or temporal://HOST:PORT[/NAMESPACE][?task_queue=Q]
+	runKey   string
+	nodeTTL  time.Duration
 }
 
 func runCommand() *cli.Command {
@@ -37,17 +40,24 @@ func runCommand() *cli.Command {
 		ArgsUsage: "PIPELINE.yaml",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "tasks", Usage: "JSON-lines file, one task per line (default: one empty task)"},
-			&cli.IntFlag{Name: "parallel", Aliases: []string{"p"}, Value: 1, Usage: "tasks run at once"},
+			&cli.IntFlag{Name: "parallel", Aliases: []string{"p"}, Value: 1, Usage: "tasks run at once (temporal: task workflows in flight, default 256)"},
 			&cli.StringFlag{Name: "results", Usage: "append one JSON line per task here; tasks already finished in it are skipped (resume)"},
 			&cli.StringFlag{Name: "log-dir", Usage: "write each attempt's output to DIR/task-INDEX/STEP.ATTEMPT.log"},
 			&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "debug, info, warn or error (logs go to stderr)"},
+			&cli.StringFlag{Name: "engine", Value: "local", Usage: "local (this daemon), or temporal://HOST:PORT[/NAMESPACE][?task_queue=Q&tls=1]: one workflow per task on the nodes of a Temporal task queue (docs/scale-out.md)"},
+			&cli.StringFlag{Name: "run-key", Usage: "temporal: tells apart runs of the same pipeline and tasks (the same key picks up the same workflows)"},
+			&cli.DurationFlag{Name: "node-timeout", Value: 10 * time.Second, Usage: "temporal: a node silent this long loses its tasks to other nodes"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := exactArgs(c, 1, "PIPELINE.yaml"); err != nil {
 				return err
 			}
 			o := runOptions{pipeline: c.Args().First(), tasks: c.String("tasks"), results: c.String("results"),
-				logDir: c.String("log-dir"), parallel: c.Int("parallel"), logLevel: c.String("log-level")}
+				logDir: c.String("log-dir"), parallel: c.Int("parallel"), logLevel: c.String("log-level"),
+				engine: c.String("engine"), runKey: c.String("run-key"), nodeTTL: c.Duration("node-timeout")}
+			if o.engine != "local" && !c.IsSet("parallel") {
+				o.parallel = 256 // on Temporal the nodes' capacity bounds what runs: queue every task
+			}
 			if o.parallel < 1 {
 				return usagef("--parallel %d: want at least 1", o.parallel)
 			}
@@ -59,6 +69,13 @@ func runCommand() *cli.Command {
 func runPipeline(c *cli.Context, o runOptions) error {
 	ctx, err := runLogger(c.Context, c.App.ErrWriter, o.logLevel)
 	if err != nil {
+		return err
+	}
+	eng, err := parseEngine(o)
+	if err != nil {
+		return err
+	}
+	if err := handOverEngine(eng); err != nil {
 		return err
 	}
 	p, tasks, done, err := loadRun(o)
@@ -74,8 +91,13 @@ func runPipeline(c *cli.Context, o runOptions) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	sum, err := pipeline.Run(ctx, newClient(c), p, tasks, pipeline.Options{
-		Parallel: o.parallel, Done: done, OnResult: out.write, Output: attemptLogs(o.logDir)})
+	var sum pipeline.Summary
+	if eng != nil {
+		sum, err = runOnTemporal(ctx, eng, p, tasks, done, out.write, o)
+	} else {
+		sum, err = pipeline.Run(ctx, newClient(c), p, tasks, pipeline.Options{
+			Parallel: o.parallel, Done: done, OnResult: out.write, Output: attemptLogs(o.logDir)})
+	}
 	if err != nil {
 		return err
 	}

@@ -38,6 +38,7 @@ type Config struct {
 	Sandbox     Sandbox     `toml:"sandbox"`
 	E2B         E2B         `toml:"e2b"`
 	API         API         `toml:"api"`
+	Temporal    Temporal    `toml:"temporal"`
 }
 
 // API configures the host API's TCP listener for remote clients (the unix socket stays).
@@ -100,6 +101,41 @@ func (s Sandbox) validate() error {
 	}
 	if s.CPUs < 0 || s.Pids < 0 {
 		return fmt.Errorf("sandbox.cpus = %v, sandbox.pids = %d: must not be negative: %w", s.CPUs, s.Pids, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Temporal configures the node's Temporal worker (pipelines spread over many nodes); off
+// while Address is empty.
+type Temporal struct {
+	Address       string   `toml:"address"`
+	Namespace     string   `toml:"namespace"`
+	TaskQueues    []string `toml:"task_queues"`
+	MaxTasks      int      `toml:"max_tasks"`
+	TLS           bool     `toml:"tls"`
+	TLSCAFile     string   `toml:"tls_ca_file"`
+	TLSCertFile   string   `toml:"tls_cert_file"`
+	TLSKeyFile    string   `toml:"tls_key_file"`
+	TLSServerName string   `toml:"tls_server_name"`
+}
+
+func (t Temporal) validate(name string) error {
+	if t.Address == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(t.Address); err != nil {
+		return fmt.Errorf("config %s: temporal.address %q: want HOST:PORT: %w", name, t.Address, errdefs.ErrInvalidArgument)
+	}
+	if t.MaxTasks < 1 {
+		return fmt.Errorf("config %s: temporal.max_tasks = %d: want at least 1: %w", name, t.MaxTasks, errdefs.ErrInvalidArgument)
+	}
+	for _, q := range t.TaskQueues {
+		if strings.TrimSpace(q) == "" {
+			return fmt.Errorf("config %s: temporal.task_queues has an empty name: %w", name, errdefs.ErrInvalidArgument)
+		}
+	}
+	if !t.TLS && (t.TLSCAFile != "" || t.TLSCertFile != "" || t.TLSKeyFile != "") {
+		return fmt.Errorf("config %s: temporal.tls_* files are set but tls = false: %w", name, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -339,6 +375,9 @@ func (c Config) validate(name string) error {
 		return err
 	}
 	if err := c.API.validate(name); err != nil {
+		return err
+	}
+	if err := c.Temporal.validate(name); err != nil {
 		return err
 	}
 	if err := c.Sandbox.validate(); err != nil {

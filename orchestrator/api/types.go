@@ -9,6 +9,8 @@ const Version = "/v1"
 
 // Info describes the daemon, its dependencies and the host (GET /v1/info).
 type Info struct {
+	// Node is this daemon's ID (<root>/node-id): pipeline results on Temporal name it.
+	Node       string      `json:"node"`
 	Daemon     Component   `json:"daemon"`
 	Containerd Containerd  `json:"containerd"`
 	Runc       Component   `json:"runc"`
