@@ -90,6 +90,7 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 		cut = o.cutWithProcesses(&tpls)
 	}
 	frozen, pending, err := cut(ctx, s, level, &rec)
+	s.dumped = s.dumped || rec.Level == api.LevelL3
 	if err != nil {
 		return api.Checkpoint{}, err
 	}

@@ -213,3 +213,17 @@ func (e proxyEffects) List(_ context.Context, sandbox string, from, to uint64) (
 func (e proxyEffects) Forget(_ context.Context, sandbox string) error {
 	return e.p.RemoveSandbox(sandbox)
 }
+
+// heldCarrier is the Effects that can carry held effects through a snapshot (the proxy).
+type heldCarrier interface {
+	ExportHeld(ctx context.Context, sandbox string, upto uint64) ([]byte, error)
+	AdoptHeld(ctx context.Context, sandbox string, data []byte) (int, error)
+}
+
+func (e proxyEffects) ExportHeld(ctx context.Context, sandbox string, upto uint64) ([]byte, error) {
+	return e.p.ExportHeld(ctx, sandbox, upto)
+}
+
+func (e proxyEffects) AdoptHeld(ctx context.Context, sandbox string, data []byte) (int, error) {
+	return e.p.AdoptHeld(ctx, sandbox, data)
+}

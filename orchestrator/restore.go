@@ -39,12 +39,19 @@ type fetched struct {
 	// rootfsSize is what the rootfs diff decompresses to, as the manifest records it.
 	rootfsSize int64
 	state      json.RawMessage
+	held       []byte // the held effects the snapshot carries (nil: none)
 }
 
 // Restore creates a new sandbox from a snapshot: a new container (own ID, cgroup, network
 // identity, effect journal and machine id) from the snapshot's image, the rootfs diff applied,
 // the processes restored by CRIU, the agent state as it was. It is leased at once.
 func (o *Orchestrator) Restore(ctx context.Context, uri, poolName string, emit Emit) (api.Lease, error) {
+	return o.RestoreWith(ctx, api.RestoreRequest{URI: uri, Pool: poolName}, emit)
+}
+
+// RestoreWith is Restore with every option of the request (AdoptHeldEffects).
+func (o *Orchestrator) RestoreWith(ctx context.Context, req api.RestoreRequest, emit Emit) (api.Lease, error) {
+	uri, poolName := req.URI, req.Pool
 	if !o.criu.Available {
 		return api.Lease{}, fmt.Errorf("L3 restores are unavailable on this node: %s: %w", o.criu.Reason, errdefs.ErrFailedPrecondition)
 	}
@@ -62,6 +69,7 @@ func (o *Orchestrator) Restore(ctx context.Context, uri, poolName string, emit E
 	if err != nil {
 		return api.Lease{}, err
 	}
+	to.adopt = req.AdoptHeldEffects
 	return o.restoreFetched(ctx, f, to, emit)
 }
 
@@ -70,6 +78,7 @@ type restoreTarget struct {
 	pool    string
 	lease   pool.LeaseRequest
 	message string // of the restored sandbox's first checkpoint
+	adopt   bool   // adopt the held effects the snapshot carries
 }
 
 // restoreInto decides a restore's target: the pool (given, or the snapshot's pool name) must
@@ -97,6 +106,14 @@ func (o *Orchestrator) restoreFetched(ctx context.Context, f *fetched, to restor
 	res, err := o.pools.LeaseRestored(ctx, to.pool, to.lease, o.restoreTask(f))
 	if err != nil {
 		return api.Lease{}, fmt.Errorf("restore snapshot %s-%s: %w", f.cfg.Sandbox, f.cfg.Checkpoint, err)
+	}
+	if to.adopt && f.held != nil {
+		if err := o.adoptHeld(ctx, res.ID, f.held); err != nil {
+			if rerr := o.pools.Release(context.WithoutCancel(ctx), res.ID); rerr != nil {
+				log.L(ctx).Warn("release after a failed adoption of held effects", "sandbox", res.ID, "error", rerr)
+			}
+			return api.Lease{}, err
+		}
 	}
 	o.startSessionWith(ctx, res.Sandbox, seedFor(f, to.message))
 	log.L(ctx).Info("snapshot restored", "sandbox", res.ID, "from", f.cfg.Sandbox, "checkpoint", f.cfg.Checkpoint)
@@ -277,6 +294,11 @@ func (f *fetched) download(ctx context.Context, cas *objectstore.CAS, m ocispec.
 	if err != nil {
 		return err
 	}
+	if d, err := layerByType(m, MediaHeldEffects); err == nil { // only when effects were held
+		if f.held, err = fetchSmallBlob(ctx, cas, d, filepath.Join(f.dir, "held-effects.json.zst"), emit); err != nil {
+			return err
+		}
+	}
 	d, err = layerByType(m, MediaStateDocument)
 	if err != nil {
 		return err
@@ -430,4 +452,31 @@ func (o *Orchestrator) restoreWithTimeout(ctx context.Context, cid, images strin
 	ctx, cancel := context.WithTimeout(ctx, o.opts.Snapshots.RestoreTimeout)
 	defer cancel()
 	return o.restoreL3(ctx, cid, images, ioc)
+}
+
+// fetchSmallBlob downloads a zstd JSON blob to path and returns it decompressed (bounded by
+// the size its descriptor records).
+func fetchSmallBlob(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, path string, emit Emit) ([]byte, error) {
+	size, err := uncompressedSize(d)
+	if err != nil {
+		return nil, err
+	}
+	if err := fetchBlob(ctx, cas, d, path, emit); err != nil {
+		return nil, err
+	}
+	return readZstd(path, size)
+}
+
+// adoptHeld makes the snapshot's held effects held effects of the restored sandbox id.
+func (o *Orchestrator) adoptHeld(ctx context.Context, id string, held []byte) error {
+	c, ok := o.effects.(heldCarrier)
+	if !ok {
+		return fmt.Errorf("the snapshot carries held effects but this node has no egress proxy to hold them: %w", errdefs.ErrFailedPrecondition)
+	}
+	n, err := c.AdoptHeld(ctx, id, held)
+	if err != nil {
+		return fmt.Errorf("adopt the snapshot's held effects: %w", err)
+	}
+	log.L(ctx).Info("held effects adopted from the snapshot", "sandbox", id, "effects", n)
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -323,6 +324,12 @@ func (o *Orchestrator) resetFiles(ctx context.Context, sb pool.Sandbox) error {
 	defer s.mu.Unlock()
 	if len(s.ckpts) == 0 {
 		return fmt.Errorf("sandbox %q has no base checkpoint: %w", sb.ID, errdefs.ErrFailedPrecondition)
+	}
+	if s.dumped || len(s.inherited) > 0 || slices.ContainsFunc(s.ckpts, func(c ckptRecord) bool { return c.Level == api.LevelL3 }) {
+		// CRIU cannot dump the processes of a sandbox that was dumped (or restored), then
+		// reset and leased again ("Can't lookup mount ... Collect mappings failed"): such a
+		// sandbox is destroyed, not reused, so that every lease can be snapshotted.
+		return fmt.Errorf("sandbox %q was checkpointed at L3 or restored; not reused: %w", sb.ID, errdefs.ErrFailedPrecondition)
 	}
 	merged, closeRoot, err := s.merged()
 	if err != nil {

@@ -42,6 +42,7 @@ type session struct {
 	// inherited are the checkpoints a restored sandbox's snapshot carried (listed, not
 	// rollback targets); see snapshot_history.go.
 	inherited []api.Checkpoint
+	dumped    bool // its processes were dumped at L3 (so it is not reused after release)
 	frz       freezer
 	intents   *intentLog
 	steps     *stepLog                 // the step record (steps.go)

@@ -106,6 +106,15 @@ func (o *Orchestrator) packageSnapshot(ctx context.Context, s *session, ck api.C
 		{MediaStateDocument, "state.json.zst", true, func(w io.Writer) error { _, err := w.Write(doc); return err }},
 		{MediaEffects, "effects.json.zst", true, o.effectsBlob(ctx, s.id)},
 	}
+	if held, err := o.heldEffects(ctx, s.id, rec.EffectsWatermark); err != nil {
+		return nil, cfg, err
+	} else if held != nil {
+		steps = append(steps, struct {
+			media, title string
+			compress     bool
+			write        func(io.Writer) error
+		}{MediaHeldEffects, "held-effects.json.zst", true, func(w io.Writer) error { _, err := w.Write(held); return err }})
+	}
 	var blobs []blob
 	for _, step := range steps {
 		b, err := stageBlob(dir, step.media, step.title, step.compress, step.write)
@@ -341,4 +350,18 @@ func referencedBlobs(ctx context.Context, st objectstore.Store) (map[string]bool
 		}
 	}
 	return keep, nil
+}
+
+// heldEffects is the full form of the effects the sandbox held at the checkpoint whose
+// watermark is upto, for the snapshot to carry; nil when it held none.
+func (o *Orchestrator) heldEffects(ctx context.Context, id string, upto uint64) ([]byte, error) {
+	c, ok := o.effects.(heldCarrier)
+	if !ok {
+		return nil, nil
+	}
+	held, err := c.ExportHeld(ctx, id, upto)
+	if err != nil || string(held) == "[]" {
+		return nil, err
+	}
+	return held, nil
 }

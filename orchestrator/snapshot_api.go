@@ -34,7 +34,7 @@ func (o *Orchestrator) snapshotRoutes(mux *http.ServeMux) {
 		if err := decode(r, &req); err != nil {
 			return api.StreamEvent{}, err
 		}
-		l, err := o.Restore(r.Context(), req.URI, req.Pool, emit)
+		l, err := o.RestoreWith(r.Context(), req, emit)
 		return api.StreamEvent{Leases: []api.Lease{l}}, err
 	}))
 	mux.HandleFunc("GET /v1/snapshots", handle(func(r *http.Request) (any, error) {

@@ -34,6 +34,9 @@ const (
 	MediaRootfsDiff    = ocispec.MediaTypeImageLayerZstd
 	MediaStateDocument = "application/vnd.deltabox.state.v1+json+zstd"
 	MediaEffects       = "application/vnd.deltabox.effects.v1+json+zstd"
+	// MediaHeldEffects (only when the sandbox held effects at the checkpoint): those effects
+	// in full, which a restore may adopt (api.RestoreRequest.AdoptHeldEffects).
+	MediaHeldEffects = "application/vnd.deltabox.effects.held.v1+json+zstd"
 
 	annotationTitle = ocispec.AnnotationTitle
 	// annotationUncompressed records what a zstd blob decompresses to; restores refuse more.

@@ -47,6 +47,9 @@ func TestClientSideDoesNotLinkTheDaemon(t *testing.T) {
 		"github.com/deltabox/deltabox/orchestrator/api",
 		"github.com/deltabox/deltabox/orchestrator/client",
 		"github.com/deltabox/deltabox/pipeline",
+		// `deltabox run --engine temporal` is a Temporal client; the daemon's worker uses
+		// the node's API like any client, so the package links no daemon-side code either.
+		"github.com/deltabox/deltabox/pipeline/temporal",
 	}
 	pkgs = append(pkgs, cliClientImports(t)...)
 	slices.Sort(pkgs)

@@ -20,6 +20,11 @@ type SnapshotRequest struct {
 type RestoreRequest struct {
 	URI  string `json:"uri"`            // STORE#NAME, or NAME in the daemon's store
 	Pool string `json:"pool,omitempty"` // default: the snapshot's pool name; it must exist here
+	// AdoptHeldEffects makes the effects the snapshot's sandbox held (at its checkpoint) held
+	// effects of the restored sandbox, under the same IDs and so the same Idempotency-Keys:
+	// the restore continues the sandbox (a task moving to another node) rather than forking
+	// it. Default: the restored sandbox starts with no held effects.
+	AdoptHeldEffects bool `json:"adopt_held_effects,omitempty"`
 }
 
 // Snapshot describes an L3 snapshot in an object store.

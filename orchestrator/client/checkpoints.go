@@ -144,7 +144,12 @@ func (c *Client) ForkWith(ctx context.Context, id string, req api.SnapshotReques
 
 // Restore creates a sandbox from a snapshot.
 func (c *Client) Restore(ctx context.Context, uri, pool string, onProgress func(api.Progress)) (api.Lease, error) {
-	ev, err := c.stream(ctx, "/restore", api.RestoreRequest{URI: uri, Pool: pool}, onProgress)
+	return c.RestoreWith(ctx, api.RestoreRequest{URI: uri, Pool: pool}, onProgress)
+}
+
+// RestoreWith is Restore with every option of the request (AdoptHeldEffects).
+func (c *Client) RestoreWith(ctx context.Context, req api.RestoreRequest, onProgress func(api.Progress)) (api.Lease, error) {
+	ev, err := c.stream(ctx, "/restore", req, onProgress)
 	if err != nil || len(ev.Leases) == 0 {
 		return api.Lease{}, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -67,10 +68,23 @@ func heartbeat(ctx context.Context) func() {
 	return func() { close(done) }
 }
 
+// errNodeStopping is the type of the error of an activity cut short because its worker
+// (the daemon) stops: the workflow treats it as the node lost.
+const errNodeStopping = "node_stopping"
+
 // failure turns a daemon error into a non-retryable activity error of its class.
-func failure(err error) error {
+func failure(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
+	}
+	stopping := ctx.Err() != nil // cancelled: the worker stops, or the workflow gave up on it
+	select {
+	case <-activity.GetWorkerStopChannel(ctx):
+		stopping = true
+	default:
+	}
+	if stopping {
+		return sdktemporal.NewNonRetryableApplicationError("the node is stopping: "+err.Error(), errNodeStopping, err)
 	}
 	kind := "internal"
 	switch {
@@ -104,14 +118,14 @@ func (a *Activities) Acquire(ctx context.Context, in AcquireInput) (Acquired, er
 	defer heartbeat(ctx)()
 	p, t, err := in.Task.parse()
 	if err != nil {
-		return Acquired{}, failure(err)
+		return Acquired{}, failure(ctx, err)
 	}
 	if in.Snapshot != "" {
-		l, err := a.C.Restore(ctx, in.Snapshot, p.Pool, nil)
+		id, err := a.restore(ctx, in.Snapshot, p.Pool, in.Task.LeaseTimeout)
 		if err != nil {
-			return Acquired{}, failure(fmt.Errorf("restore failover point %s into pool %q: %w", in.Snapshot, p.Pool, err))
+			return Acquired{}, failure(ctx, fmt.Errorf("restore failover point %s into pool %q: %w", in.Snapshot, p.Pool, err))
 		}
-		return Acquired{Sandbox: l.ID, Node: a.Node}, nil
+		return Acquired{Sandbox: id, Node: a.Node}, nil
 	}
 	sb := &pipeline.Sandbox{C: a.C, P: p, T: t, Start: in.Start,
 		Labels: map[string]string{labelEngine: "temporal", labelWorker: a.Instance}}
@@ -119,9 +133,30 @@ func (a *Activities) Acquire(ctx context.Context, in AcquireInput) (Acquired, er
 		if sb.ID != "" {
 			_ = a.C.Release(context.WithoutCancel(ctx), sb.ID)
 		}
-		return Acquired{}, failure(err)
+		return Acquired{}, failure(ctx, err)
 	}
 	return Acquired{Sandbox: sb.ID, Node: a.Node}, nil
+}
+
+// restore restores a snapshot into pool, waiting up to timeout while the pool is at its max
+// (as a lease does).
+func (a *Activities) restore(ctx context.Context, uri, pool string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		l, err := a.C.RestoreWith(ctx, api.RestoreRequest{URI: uri, Pool: pool, AdoptHeldEffects: true}, nil)
+		if err == nil {
+			return l.ID, nil
+		}
+		if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "at its max") {
+			return "", err
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("%w (waited %s for a free slot)", err, timeout)
+		case <-time.After(wait):
+		}
+	}
 }
 
 // Checkpoint takes the checkpoint a step starts from.
@@ -130,7 +165,7 @@ func (a *Activities) Checkpoint(ctx context.Context, in CheckpointInput) (Checkp
 	t0 := time.Now()
 	ck, err := a.C.Checkpoint(ctx, in.Sandbox, api.CheckpointRequest{Level: in.Level, Message: in.Message})
 	if err != nil {
-		return Checkpointed{}, failure(err)
+		return Checkpointed{}, failure(ctx, err)
 	}
 	return Checkpointed{ID: ck.ID, MS: pipeline.Ms(time.Since(t0))}, nil
 }
@@ -143,19 +178,19 @@ func (a *Activities) Attempt(ctx context.Context, in AttemptInput) (AttemptResul
 	defer heartbeat(ctx)()
 	p, t, err := in.Task.parse()
 	if err != nil {
-		return AttemptResult{}, failure(err)
+		return AttemptResult{}, failure(ctx, err)
 	}
 	s, fb := p.StepAt(in.Step)
 	if in.Fallback {
 		s = fb
 	}
 	if s == nil {
-		return AttemptResult{}, failure(fmt.Errorf("step %d (fallback %t) is not in the pipeline: %w", in.Step, in.Fallback, errdefs.ErrInvalidArgument))
+		return AttemptResult{}, failure(ctx, fmt.Errorf("step %d (fallback %t) is not in the pipeline: %w", in.Step, in.Fallback, errdefs.ErrInvalidArgument))
 	}
 	sb := &pipeline.Sandbox{C: a.C, P: p, T: t, ID: in.Sandbox, Start: in.Start}
 	if err := sb.Attempt(ctx, s, in.Attempt); err != nil {
 		if ctx.Err() != nil {
-			return AttemptResult{}, ctx.Err()
+			return AttemptResult{}, failure(ctx, ctx.Err())
 		}
 		return AttemptResult{Error: err.Error()}, nil
 	}
@@ -167,7 +202,7 @@ func (a *Activities) Rollback(ctx context.Context, in RollbackInput) (float64, e
 	defer heartbeat(ctx)()
 	t0 := time.Now()
 	if _, err := a.C.Rollback(ctx, in.Sandbox, api.RollbackRequest{To: in.Checkpoint}); err != nil {
-		return 0, failure(err)
+		return 0, failure(ctx, err)
 	}
 	return pipeline.Ms(time.Since(t0)), nil
 }
@@ -177,7 +212,7 @@ func (a *Activities) Commit(ctx context.Context, sandbox string) (Committed, err
 	defer heartbeat(ctx)()
 	res, err := a.C.Commit(ctx, sandbox)
 	if err != nil {
-		return Committed{}, failure(err)
+		return Committed{}, failure(ctx, err)
 	}
 	return Committed{Checkpoint: res.Checkpoint, EffectsFailed: res.EffectsFailed}, nil
 }
@@ -188,7 +223,7 @@ func (a *Activities) FailoverPoint(ctx context.Context, sandbox string) (string,
 	defer heartbeat(ctx)()
 	snap, err := a.C.SnapshotPush(ctx, sandbox, "", nil)
 	if err != nil {
-		return "", failure(fmt.Errorf("push failover point of %s: %w", sandbox, err))
+		return "", failure(ctx, fmt.Errorf("push failover point of %s: %w", sandbox, err))
 	}
 	return snap.URI, nil
 }
@@ -199,7 +234,7 @@ func (a *Activities) Release(ctx context.Context, sandbox string) (Released, err
 	sb := &pipeline.Sandbox{C: a.C, ID: sandbox}
 	out := Released{Effects: sb.CountEffects(ctx)}
 	if err := a.C.Release(ctx, sandbox); err != nil && !errdefs.IsNotFound(err) {
-		return out, failure(err)
+		return out, failure(ctx, err)
 	}
 	return out, nil
 }
@@ -212,5 +247,5 @@ func (a *Activities) RemoveSnapshots(ctx context.Context, uris []string) error {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	return failure(ctx, errors.Join(errs...))
 }

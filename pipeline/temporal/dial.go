@@ -15,8 +15,9 @@ import (
 	sdklog "go.temporal.io/sdk/log"
 )
 
-// DialTimeout bounds how long connecting to Temporal may take before it is reported.
-const DialTimeout = 5 * time.Second
+// DialTimeout bounds how long connecting to Temporal may take before it is reported (a bad
+// address fails `deltabox run` within 5 s).
+const DialTimeout = 4 * time.Second
 
 // Conn says how to reach a Temporal frontend.
 type Conn struct {

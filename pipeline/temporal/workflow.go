@@ -72,6 +72,7 @@ func TaskWorkflow(ctx workflow.Context, in TaskInput) (TaskOutput, error) {
 	w.res = pipeline.Result{Index: t.Index, ID: t.ID, Line: t.Line, Seed: pipeline.TaskSeed(p.SeedValue(), t.Index),
 		Steps: []pipeline.StepResult{}}
 	w.mark = w.save("")
+	moves := 0
 	for {
 		err = w.onNode()
 		var lost *errNodeLost
@@ -82,12 +83,12 @@ func TaskWorkflow(ctx workflow.Context, in TaskInput) (TaskOutput, error) {
 			err = fmt.Errorf("%w; effects may have been committed there and the pipeline has no failover point to resume from, so the task is not run again", err)
 			break
 		}
-		if w.res.Failovers >= in.MaxFailovers {
+		if moves++; moves > in.MaxFailovers {
 			err = fmt.Errorf("%w (after %d failovers)", err, w.res.Failovers)
 			break
 		}
 		workflow.GetLogger(ctx).Warn("node lost; failing over", "node", lost.node, "from", w.mark.uri, "error", lost.err)
-		w.restore()
+		w.restore(lost.node != "")
 	}
 	w.end(err)
 	w.cleanup()
@@ -103,15 +104,19 @@ func (w *taskFlow) save(uri string) mark {
 		ckMS: slices.Clone(w.ckMS), rbMS: slices.Clone(w.rbMS)}
 }
 
-// restore puts the task back at its mark, keeping where it ran and how often it moved.
-func (w *taskFlow) restore() {
-	nodes, failovers := w.res.Nodes, w.res.Failovers+1
+// restore puts the task back at its mark, keeping where it ran and how often it moved
+// (ran: it held a sandbox on the lost node; else it only moves to another node's queue).
+func (w *taskFlow) restore(ran bool) {
+	nodes, failovers := w.res.Nodes, w.res.Failovers
+	if ran {
+		failovers++
+	}
 	w.res = w.mark.res
 	w.res.Steps = slices.Clone(w.mark.res.Steps)
 	w.res.Nodes, w.res.Failovers = nodes, failovers
 	w.next, w.pending, w.committing = w.mark.next, w.mark.pending, false
 	w.ckMS, w.rbMS = slices.Clone(w.mark.ckMS), slices.Clone(w.mark.rbMS)
-	w.sb, w.floor, w.at = "", "", ""
+	w.sb, w.node, w.floor, w.at = "", "", "", ""
 }
 
 // end sets the task's status from the error that ended it.
@@ -130,10 +135,14 @@ func (w *taskFlow) end(err error) {
 // retried), heartbeats so a dead node is noticed within NodeTimeout.
 func (w *taskFlow) activityOptions(ctx workflow.Context) workflow.Context {
 	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		TaskQueue:           w.in.Queue,
-		StartToCloseTimeout: sessionLifetime,
-		HeartbeatTimeout:    w.in.NodeTimeout,
-		RetryPolicy:         &sdktemporal.RetryPolicy{MaximumAttempts: 1},
+		TaskQueue: w.in.Queue,
+		// A session's activities start at once on its node: one that waits is queued for
+		// a worker that is gone (a session can outlive its worker when the worker stops
+		// while the session is being created), which counts as the node lost.
+		ScheduleToStartTimeout: max(2*w.in.NodeTimeout, 10*time.Second),
+		StartToCloseTimeout:    sessionLifetime,
+		HeartbeatTimeout:       w.in.NodeTimeout,
+		RetryPolicy:            &sdktemporal.RetryPolicy{MaximumAttempts: 1},
 	})
 }
 
@@ -194,6 +203,10 @@ func nodeLost(s workflow.Context, err error) bool {
 		case enumspb.TIMEOUT_TYPE_HEARTBEAT, enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START:
 			return true
 		}
+	}
+	var ae *sdktemporal.ApplicationError
+	if errors.As(err, &ae) && ae.Type() == errNodeStopping {
+		return true
 	}
 	var ce *sdktemporal.CanceledError
 	return errors.As(err, &ce)

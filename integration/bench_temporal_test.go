@@ -1,0 +1,74 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/pipeline"
+)
+
+// BenchmarkTemporalPipeline measures what running a pipeline through Temporal costs and
+// gains (docs/scale-out.md): 24 tasks x 5 steps of `sleep 0.2`, with the same capacity per
+// node (4 sandboxes), run (1) locally on node 1 with --parallel 4, (2) through Temporal on
+// node 1 alone (its own task queue), (3) through Temporal on three nodes. It reports the
+// dispatch overhead per step (2 against 1, as one of the 4 workers sees it) and the
+// throughput of three nodes against one.
+func BenchmarkTemporalPipeline(b *testing.B) {
+	e1 := requireEnv(b)
+	e2 := env{bin: e1.bin, containerd: testutil.RequiresEnv(b, "DELTABOX_CONTAINERD2_ADDRESS")}
+	e3 := env{bin: e1.bin, containerd: testutil.RequiresEnv(b, "DELTABOX_CONTAINERD3_ADDRESS")}
+	addr := startTemporalDev(b)
+	const tasks, steps, perNode = 24, 5, 4
+	var nodes []*daemon
+	for i, e := range []env{e1, e2, e3} {
+		queues := `["fleet"]`
+		if i == 0 {
+			queues = `["one", "fleet"]`
+		}
+		d := startDaemonOn(b, e, fmt.Sprintf("[temporal]\naddress = %q\ntask_queues = %s\nmax_tasks = %d\n", addr, queues, perNode))
+		d.createPool("bb", busyboxImage, perNode, "--max", fmt.Sprint(perNode))
+		nodes = append(nodes, d)
+	}
+	dir := shortTempDir(b)
+	pfile, tfile := filepath.Join(dir, "p.yaml"), filepath.Join(dir, "tasks.jsonl")
+	var p strings.Builder
+	p.WriteString("name: tbench\npool: bb\nsteps:\n")
+	for i := range steps {
+		fmt.Fprintf(&p, "  - name: s%d\n    run: [sleep, \"0.2\"]\n", i+1)
+	}
+	os.WriteFile(pfile, []byte(p.String()), 0o644)
+	var t strings.Builder
+	for i := range tasks {
+		fmt.Fprintf(&t, "{\"id\": \"t%d\"}\n", i)
+	}
+	os.WriteFile(tfile, []byte(t.String()), 0o644)
+	run := func(args ...string) time.Duration {
+		start := time.Now()
+		out := nodes[0].cli(append([]string{"-o", "json", "run", pfile, "--tasks", tfile}, args...)...)
+		took := time.Since(start)
+		var last struct{ Summary pipeline.Summary }
+		lastJSON(b, out, &last)
+		if last.Summary.Succeeded != tasks {
+			b.Fatalf("run %v: %+v", args, last.Summary)
+		}
+		return took
+	}
+	var local, one, three time.Duration
+	for i := range b.N {
+		local += run("--parallel", fmt.Sprint(perNode))
+		key := fmt.Sprintf("--run-key=%d-%d", time.Now().UnixNano(), i)
+		one += run("--engine", "temporal://"+addr+"?task_queue=one", key)
+		three += run("--engine", "temporal://"+addr+"?task_queue=fleet", key)
+	}
+	n := float64(b.N)
+	b.ReportMetric(local.Seconds()/n, "local-s")
+	b.ReportMetric(one.Seconds()/n, "temporal-1node-s")
+	b.ReportMetric(three.Seconds()/n, "temporal-3nodes-s")
+	b.ReportMetric(float64(one-local)/n/float64(tasks*steps)/float64(time.Millisecond)*perNode, "dispatch-overhead-per-step-ms")
+	b.ReportMetric(float64(one)/float64(three), "throughput-3v1-x")
+}
