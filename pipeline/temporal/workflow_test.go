@@ -1,0 +1,149 @@
+package temporal
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/mock"
+	sdktemporal "go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
+
+	"github.com/deltabox/deltabox/pipeline"
+)
+
+// fakeNode plays the activities of the nodes: attempts fail as fail says, and a node can be
+// lost once at a given attempt of a given step.
+type fakeNode struct {
+	mu       sync.Mutex
+	fail     map[string]int // "step/attempt" -> 1: that attempt fails
+	loseAt   string         // "step/attempt": the node goes away there (once)
+	acquires []AcquireInput
+	commits  int
+	attempts []string
+}
+
+func (f *fakeNode) register(env *testsuite.TestWorkflowEnvironment) {
+	env.OnActivity(actAcquire, mock.Anything, mock.Anything).Return(func(_ context.Context, in AcquireInput) (Acquired, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.acquires = append(f.acquires, in)
+		n := len(f.acquires)
+		return Acquired{Sandbox: fmt.Sprintf("sb-%d", n), Node: fmt.Sprintf("node-%d", n)}, nil
+	})
+	env.OnActivity(actCheckpoint, mock.Anything, mock.Anything).Return(func(_ context.Context, in CheckpointInput) (Checkpointed, error) {
+		return Checkpointed{ID: "ck", MS: 1}, nil
+	})
+	env.OnActivity(actAttempt, mock.Anything, mock.Anything).Return(func(_ context.Context, in AttemptInput) (AttemptResult, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		k := fmt.Sprintf("%d%s/%d", in.Step, map[bool]string{true: "fb"}[in.Fallback], in.Attempt)
+		f.attempts = append(f.attempts, k)
+		if k == f.loseAt {
+			f.loseAt = ""
+			return AttemptResult{}, sdktemporal.NewNonRetryableApplicationError("the node is stopping", errNodeStopping, nil)
+		}
+		if f.fail[k] > 0 {
+			return AttemptResult{Error: "command exit code 3"}, nil
+		}
+		return AttemptResult{}, nil
+	})
+	env.OnActivity(actRollback, mock.Anything, mock.Anything).Return(float64(1), nil)
+	env.OnActivity(actCommit, mock.Anything, mock.Anything).Return(func(_ context.Context, _ string) (Committed, error) {
+		f.mu.Lock()
+		f.commits++
+		f.mu.Unlock()
+		return Committed{Checkpoint: "ck"}, nil
+	})
+	env.OnActivity(actFailover, mock.Anything, mock.Anything).Return(func(_ context.Context, sb string) (string, error) {
+		return "s3://b#" + sb, nil
+	})
+	env.OnActivity(actRelease, mock.Anything, mock.Anything).Return(Released{Effects: pipeline.EffectCounts{Committed: 1}}, nil)
+	env.OnActivity(actRemoveSnapshots, mock.Anything, mock.Anything).Return(nil)
+}
+
+func runTask(t *testing.T, yaml string, f *fakeNode) pipeline.Result {
+	t.Helper()
+	var s testsuite.WorkflowTestSuite
+	env := s.NewTestWorkflowEnvironment()
+	env.SetWorkerOptions(worker.Options{EnableSessionWorker: true})
+	env.RegisterWorkflow(TaskWorkflow)
+	(&Activities{}).register(env)
+	f.register(env)
+	p, err := pipeline.Parse("p.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.ExecuteWorkflow(TaskWorkflow, TaskInput{Pipeline: p.Bundle(), TasksSource: "tasks", Index: 0, Line: 1, Raw: `{"id": "a"}`,
+		Queue: "q", NodeTimeout: 3 * time.Second, LeaseTimeout: time.Minute, MaxFailovers: 3})
+	if !env.IsWorkflowCompleted() || env.GetWorkflowError() != nil {
+		t.Fatalf("workflow: completed %t, error %v", env.IsWorkflowCompleted(), env.GetWorkflowError())
+	}
+	var out TaskOutput
+	if err := env.GetWorkflowResult(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Result
+}
+
+// The local engine's rules inside the workflow: a failed attempt is rolled back and retried,
+// a step that fails for good falls back, effects are committed once at the end.
+func TestWorkflowRetryFallbackCommit(t *testing.T) {
+	f := &fakeNode{fail: map[string]int{"0/1": 1, "1/1": 1, "1/2": 1}}
+	res := runTask(t, `pool: bb
+steps:
+  - {name: a, run: [a], retry: {attempts: 2, backoff: 1s}}
+  - {name: b, run: [b], retry: {attempts: 2}, on_failure: {fallback: c}}
+fallbacks:
+  - {name: c, run: [c]}
+`, f)
+	if res.Status != pipeline.StatusSucceeded || res.Attempts != 5 || res.Failures != 3 || res.Rollbacks != 3 || res.Commits != 1 {
+		t.Fatalf("result %+v", res)
+	}
+	if len(res.Steps) != 3 || res.Steps[1].Status != pipeline.StatusRecovered || res.Steps[2].FallbackFor != "b" {
+		t.Fatalf("steps %+v", res.Steps)
+	}
+	if res.Node != "node-1" || res.Failovers != 0 || f.commits != 1 {
+		t.Fatalf("node %s failovers %d commits %d", res.Node, res.Failovers, f.commits)
+	}
+}
+
+// A node lost in step c continues on another node from the failover point after step b:
+// the restore gets that snapshot, a and b do not run again, the effects are committed once
+// (after a failover point, as every commit of a pipeline with failover points).
+func TestWorkflowFailsOverFromTheLastPoint(t *testing.T) {
+	f := &fakeNode{loseAt: "2/1"}
+	res := runTask(t, `pool: bb
+steps:
+  - {name: a, run: [a]}
+  - {name: b, run: [b], failover: l3}
+  - {name: c, run: [c]}
+`, f)
+	if res.Status != pipeline.StatusSucceeded || res.Failovers != 1 || res.Node != "node-2" || len(res.Nodes) != 2 {
+		t.Fatalf("result %+v", res)
+	}
+	if len(f.acquires) != 2 || f.acquires[0].Snapshot != "" || f.acquires[1].Snapshot != "s3://b#sb-1" {
+		t.Fatalf("acquires %+v", f.acquires)
+	}
+	if want := "[0/1 1/1 2/1 2/1]"; fmt.Sprint(f.attempts) != want {
+		t.Fatalf("attempts %v, want %s (a and b once)", f.attempts, want)
+	}
+	if len(res.Steps) != 3 || f.commits != 1 {
+		t.Fatalf("steps %+v, commits %d", res.Steps, f.commits)
+	}
+}
+
+// Without a failover point a lost task starts again from a fresh lease.
+func TestWorkflowFailsOverFromTheStart(t *testing.T) {
+	f := &fakeNode{loseAt: "1/1"}
+	res := runTask(t, "pool: bb\nsteps:\n  - {name: a, run: [a]}\n  - {name: b, run: [b]}\n", f)
+	if res.Status != pipeline.StatusSucceeded || res.Failovers != 1 || len(f.acquires) != 2 || f.acquires[1].Snapshot != "" {
+		t.Fatalf("result %+v acquires %+v", res, f.acquires)
+	}
+	if want := "[0/1 1/1 0/1 1/1]"; fmt.Sprint(f.attempts) != want {
+		t.Fatalf("attempts %v, want %s", f.attempts, want)
+	}
+}
