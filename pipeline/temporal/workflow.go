@@ -28,12 +28,11 @@ func (e *errNodeLost) Unwrap() error { return e.err }
 // mark is where a task that lost its node starts again: a failover point (an L3 snapshot
 // in the shared store) with the task's progress when it was pushed, or the start.
 type mark struct {
-	uri          string // "" = the start (a fresh lease)
-	next         int    // the next step to run
-	pending      bool   // effects held (committed by the next commit)
-	res          pipeline.Result
-	ckMS, rbMS   []float64
-	hasCommitted bool // a commit was started before this mark (only the start can say so)
+	uri        string // "" = the start (a fresh lease)
+	next       int    // the next step to run
+	pending    bool   // effects held (committed by the next commit)
+	res        pipeline.Result
+	ckMS, rbMS []float64
 }
 
 // taskFlow is one task's workflow in progress; its fields mirror the local engine's task run.
