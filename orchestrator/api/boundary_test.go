@@ -1,8 +1,10 @@
 package api
 
 import (
+	"go/build/constraint"
 	"go/parser"
 	"go/token"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -76,7 +78,7 @@ func cliClientImports(t *testing.T) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") || cliDaemonFiles[filepath.Base(f)] {
+		if strings.HasSuffix(f, "_test.go") || cliDaemonFiles[filepath.Base(f)] || daemonBuildOnly(t, f) {
 			continue
 		}
 		af, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
@@ -92,6 +94,25 @@ func cliClientImports(t *testing.T) []string {
 		}
 	}
 	return out
+}
+
+// daemonBuildOnly reports whether file f is left out of the CLI's client build (`//go:build
+// !cli`, cmd/deltabox/lite.go): such files run in deltabox-daemon only, as daemon.go does.
+func daemonBuildOnly(t *testing.T, f string) bool {
+	t.Helper()
+	data, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "package ") {
+			return false
+		}
+		if expr, err := constraint.Parse(line); err == nil {
+			return !expr.Eval(func(tag string) bool { return tag == "cli" || tag == "linux" || tag == "amd64" })
+		}
+	}
+	return false
 }
 
 func goListDeps(t *testing.T, pkg string) []string {
