@@ -9,9 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
-
-	"github.com/deltabox/deltabox/internal/testutil"
 )
 
 // leaseOne creates pool name from t and leases one sandbox of it.
@@ -72,8 +69,6 @@ func TestUserNamespaceMapsRoot(t *testing.T) {
 	if st.Uid != ma.HostID || st.Gid != ma.HostID {
 		t.Fatalf("host sees %d:%d, want %d:%d", st.Uid, st.Gid, ma.HostID, ma.HostID)
 	}
-	// the other sandbox's root cannot read a 0600 file of this one's root (different uids),
-	// even when the host hands it the file's path
 	host, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.InitPid))
 	if !strings.Contains(string(host), fmt.Sprintf("Uid:\t%d", ma.HostID)) {
 		t.Fatalf("host view of the init: %s", host)
@@ -102,6 +97,36 @@ func TestNoUserNamespacePool(t *testing.T) {
 	if got := strings.Fields(execOut(t, m, sb.ID, "cat", "/proc/self/uid_map")); len(got) != 3 || got[1] != "0" {
 		t.Fatalf("uid_map %q, want the host's", got)
 	}
-	_ = testutil.WaitFor
-	_ = time.Second
+}
+
+// TestUserNamespaceRangeSurvivesRestart: a restarted manager finds its sandboxes' ranges in
+// their containers' specs: the adopted sandbox keeps its range and its user namespace, and a
+// sandbox created afterwards gets another range.
+func TestUserNamespaceRangeSurvivesRestart(t *testing.T) {
+	root := t.TempDir()
+	m := newTestManager(t, root)
+	sb := leaseOne(t, m, Template{Name: "a", Image: busybox, Max: 4})
+	before := *sb.Isolation.IDMapping
+	m.Close()
+
+	m = newTestManager(t, root)
+	defer removeAll(t, m)
+	again, err := m.Get(sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := again.Isolation.IDMapping; got == nil || *got != before {
+		t.Fatalf("after a restart the sandbox's mapping is %v, want %v", got, before)
+	}
+	if got := execOut(t, m, sb.ID, "cat", "/proc/self/uid_map"); !strings.Contains(got, fmt.Sprint(before.HostID)) {
+		t.Fatalf("uid_map after restart: %q", got)
+	}
+	res, err := m.Lease(context.Background(), "a", LeaseRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := m.Get(res.ID)
+	if other.Isolation.IDMapping == nil || other.Isolation.IDMapping.HostID == before.HostID {
+		t.Fatalf("a sandbox made after the restart got %v, the adopted one has %v", other.Isolation.IDMapping, before)
+	}
 }
