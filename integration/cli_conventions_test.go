@@ -3,6 +3,10 @@ package integration
 import (
 	"archive/tar"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,6 +35,17 @@ func TestCLIConventions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A service on the host, on the sandbox network's gateway: host.deltabox.internal.
+	gw := d.net.subnet.Addr().Next().String()
+	hl, err := net.Listen("tcp", gw+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "from the host") })}
+	go hostSrv.Serve(hl)
+	t.Cleanup(func() { hostSrv.Close() })
+	hostURL := fmt.Sprintf("http://host.deltabox.internal:%d/", hl.Addr().(*net.TCPAddr).Port)
+	allowed := strings.TrimSpace(d.cli("lease", "--pool", "conv", "--allow", fmt.Sprintf("host.deltabox.internal:%d,GET", hl.Addr().(*net.TCPAddr).Port)))
 	badPolicy := filepath.Join(local, "bad.yaml")
 	os.WriteFile(badPolicy, []byte("version: 1\nrules:\n  - host: x\n    colour: red\n    action: pass\n"), 0o644)
 	readLocal := func(name string) string {
@@ -121,6 +136,10 @@ func TestCLIConventions(t *testing.T) {
 				t.Fatalf("stderr names Go types or repeats the class: %s", errOut)
 			}
 		}},
+		{name: "host.deltabox.internal with --allow", args: []string{"exec", allowed, "wget", "-qO-", hostURL}, stdout: []string{"from the host"}},
+		{name: "host.deltabox.internal needs a rule naming it", args: []string{"exec", a.ID, "wget", "-qO-", hostURL}, code: 1, stderr: []string{"403"}},
+		{name: "release the --allow lease", args: []string{"release", allowed}, stdout: []string{allowed}},
+		{name: "--allow with a bad port", args: []string{"lease", "--pool", "conv", "--allow", "x:99999"}, code: 2, stderr: []string{`port "99999" is not 1-65535`}},
 		// 2. output like kubectl.
 		{name: "-o json after the verb", args: []string{"ls", "-o", "json"}, check: func(t *testing.T, out, _ string) {
 			var sbs []api.Sandbox

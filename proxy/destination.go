@@ -190,10 +190,21 @@ func (p *Proxy) resolve(ctx context.Context, host string, explicit bool) ([]neti
 	return ok, nil
 }
 
+// HostName is the name every sandbox reaches the host by, through the proxy: it resolves to
+// the sandbox network's gateway (WithGateway), which the proxy dials only for a rule naming
+// HostName (or the address) exactly, like any address of the node.
+const HostName = "host.deltabox.internal"
+
 // lookup resolves host once; an IP literal is its own answer.
 func (p *Proxy) lookup(ctx context.Context, host string) ([]netip.Addr, error) {
 	if ip, err := netip.ParseAddr(host); err == nil {
 		return []netip.Addr{ip}, nil
+	}
+	if host == HostName {
+		if len(p.cfg.gateways) == 0 {
+			return nil, fmt.Errorf("%s: this node has no sandbox network gateway: %w", host, errdefs.ErrUnavailable)
+		}
+		return p.cfg.gateways, nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -45,6 +45,7 @@ func poolCreateCommand() *cli.Command {
 			&cli.StringFlag{Name: "workdir", Usage: "default working directory of exec"},
 			&cli.StringSliceFlag{Name: "label", Usage: "K=V label (repeatable)"},
 			&cli.StringFlag{Name: "egress-policy", Usage: "egress policy YAML file"},
+			allowFlag,
 			&cli.BoolFlag{Name: "checkpoint-processes", Usage: "checkpoints keep the processes too by default (checkpoint create --processes)"},
 			&cli.BoolFlag{Name: "wait", Usage: "wait until min-ready sandboxes are ready (a bar on a terminal, progress lines with -o json)"},
 			&cli.DurationFlag{Name: "wait-timeout", Value: 5 * time.Minute, Usage: "give up waiting after this long"},
@@ -78,7 +79,7 @@ func poolCreate(c *cli.Context) error {
 			return usageError{err}
 		}
 	}
-	if t.EgressPolicy, err = readOptionalFile(c.String("egress-policy")); err != nil {
+	if t.EgressPolicy, err = policyFromFlags(c); err != nil {
 		return err
 	}
 	p, err := newClient(c).CreatePool(c.Context, t)

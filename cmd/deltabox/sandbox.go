@@ -22,6 +22,7 @@ func leaseCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "K=V for this lease (repeatable)"},
 			&cli.StringSliceFlag{Name: "label", Usage: "K=V label for this lease (repeatable)"},
 			&cli.StringFlag{Name: "egress-policy", Usage: "egress policy YAML file for this lease (overrides the pool's)"},
+			allowFlag,
 		},
 		Action: func(c *cli.Context) error {
 			if err := exactArgs(c, 0, ""); err != nil {
@@ -31,7 +32,7 @@ func leaseCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			policy, err := readOptionalFile(c.String("egress-policy"))
+			policy, err := policyFromFlags(c)
 			if err != nil {
 				return err
 			}
