@@ -70,3 +70,9 @@ func (o *Orchestrator) PushSnapshot(ctx context.Context, id string) (api.Snapsho
 func (o *Orchestrator) RestoreSnapshot(ctx context.Context, uri, pool string) (api.Lease, error) {
 	return o.Restore(ctx, uri, pool, func(api.Progress) {})
 }
+
+// SandboxUsage reads a leased sandbox's CPU time and memory in use from its cgroup.
+func (o *Orchestrator) SandboxUsage(id string) (cpuNanos, memoryBytes uint64, err error) {
+	u, err := o.pools.Usage(id)
+	return u.CPUNanos, u.MemoryBytes, err
+}

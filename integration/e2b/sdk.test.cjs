@@ -53,6 +53,9 @@ test('create, info and list', async (t) => {
   const items = await Sandbox.list({ query: { metadata: { purpose: 'e2b-test' } } }).nextItems()
   assert.ok(items.some((s) => s.sandboxId === sb.sandboxId), 'list shows the sandbox')
   assert.equal(await sb.isRunning(), true)
+  const [m] = await sb.getMetrics()
+  assert.ok(m.memUsed > 0 && m.diskTotal > 0 && m.cpuCount >= 1, JSON.stringify(m))
+  assert.ok(m.cpuUsedPct >= 0 && m.diskUsed <= m.diskTotal, JSON.stringify(m))
 })
 
 test('commands.run in the foreground: exit code, stdout and stderr', async (t) => {

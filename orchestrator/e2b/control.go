@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/internal/rootfs"
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
@@ -225,15 +227,42 @@ func (g *Gateway) connect(r *http.Request, sb *sandbox) (int, any, error) {
 	return http.StatusOK, sb.created(), nil
 }
 
-// metrics answers one sample taken now: what the pool knows (limits); usage is not sampled.
+// metrics answers one sample taken now: memory in use (cgroup), CPU use since the previous
+// sample (or since the sandbox was created), disk of the writable layer, and the limits.
 func (g *Gateway) metrics(r *http.Request, sb *sandbox) (int, any, error) {
 	info, err := g.b.Sandbox(sb.id)
 	if err != nil {
 		return 0, nil, err
 	}
+	cpuNs, mem, err := g.b.SandboxUsage(sb.id)
+	if err != nil {
+		return 0, nil, err
+	}
 	now := time.Now()
-	return http.StatusOK, []metric{{Timestamp: now.UTC().Format(time.RFC3339Nano), TimestampUnix: now.Unix(),
-		CPUCount: int(info.Limits.CPUs + 0.999), MemTotal: info.Limits.MemoryBytes, DiskTotal: info.Limits.DiskBytes}}, nil
+	cpus := info.Limits.CPUs
+	if cpus <= 0 {
+		cpus = float64(runtime.NumCPU())
+	}
+	m := metric{Timestamp: now.UTC().Format(time.RFC3339Nano), TimestampUnix: now.Unix(),
+		CPUCount: int(cpus + 0.999), MemUsed: int64(mem), MemTotal: info.Limits.MemoryBytes}
+	sb.mu.Lock()
+	lastAt, lastCPU := sb.lastSample, sb.lastCPU
+	if lastAt.IsZero() {
+		lastAt, lastCPU = info.Created, 0
+	}
+	sb.lastSample, sb.lastCPU = now, cpuNs
+	sb.mu.Unlock()
+	if wall := now.Sub(lastAt); wall > 0 && cpuNs >= lastCPU {
+		m.CPUUsedPct = float64(cpuNs-lastCPU) / float64(wall.Nanoseconds()) / cpus * 100
+	}
+	_ = g.withRoot(r.Context(), sb, func(root *rootfs.Root) error {
+		if st, err := root.StatfsDir("."); err == nil {
+			m.DiskTotal = int64(st.Blocks) * st.Bsize
+			m.DiskUsed = int64(st.Blocks-st.Bfree) * st.Bsize
+		}
+		return nil
+	})
+	return http.StatusOK, []metric{m}, nil
 }
 
 // deltaboxRoutes are DeltaBox's own routes on an E2B sandbox (not part of E2B's API): plain

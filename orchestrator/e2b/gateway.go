@@ -55,6 +55,7 @@ type Backend interface {
 	PushSnapshot(ctx context.Context, id string) (api.Snapshot, error)
 	RestoreSnapshot(ctx context.Context, uri, pool string) (api.Lease, error)
 	SnapshotRemove(ctx context.Context, uri string) error
+	SandboxUsage(id string) (cpuNanos, memoryBytes uint64, err error)
 }
 
 // Options configure a Gateway.

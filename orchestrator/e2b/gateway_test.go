@@ -97,6 +97,8 @@ func (f *fakeBackend) RestoreSnapshot(ctx context.Context, uri, pool string) (ap
 	return api.Lease{}, fmt.Errorf("restore: %w", errdefs.ErrNotImplemented)
 }
 
+func (f *fakeBackend) SandboxUsage(id string) (uint64, uint64, error) { return 0, 0, nil }
+
 func (f *fakeBackend) SnapshotRemove(ctx context.Context, uri string) error { return nil }
 
 func (f *fakeBackend) Sandbox(id string) (api.Sandbox, error) {

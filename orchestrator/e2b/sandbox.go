@@ -49,8 +49,11 @@ type sandbox struct {
 	nextPid  uint32
 	watchers map[string]*watcher
 	shell    string // resolved once: /bin/bash or /bin/sh
-	ctx      context.Context
-	cancel   context.CancelFunc
+	// the previous metrics sample (CPU use is reported between samples)
+	lastSample time.Time
+	lastCPU    uint64
+	ctx        context.Context
+	cancel     context.CancelFunc
 }
 
 // create leases a sandbox from the pool named like the template.
