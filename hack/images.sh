@@ -3,7 +3,8 @@
 # private containerd (hack/containerd.sh), namespace "deltabox":
 #
 #   deltabox.local/busybox:latest  busybox-static, its applets, /tmp, /etc/passwd, /etc/group
-#   deltabox.local/python:3        debootstrap --variant=minbase bookworm + python3, curl, ca-certificates
+#   deltabox.local/python:3        debootstrap --variant=minbase bookworm + python3, pip, git, curl, ca-certificates
+#                                  (pip installs system-wide: the sandbox is the environment)
 #
 # Each image is a single uncompressed layer in an OCI archive, cached under
 # /var/cache/deltabox/images keyed by a hash of its recipe. A second run does
@@ -127,7 +128,7 @@ build_python_rootfs() {
 	mirror=$(debian_mirror)
 	have debootstrap || die "debootstrap missing; run hack/install-deps.sh"
 	log "debootstrap --variant=minbase ${PYTHON_IMAGE_SUITE} from ${mirror} (takes a few minutes)"
-	debootstrap --variant=minbase --include=python3,curl,ca-certificates \
+	debootstrap --variant=minbase --include=python3,python3-pip,git,curl,ca-certificates \
 		"${PYTHON_IMAGE_SUITE}" "${root}" "${mirror}" >"${WORK}/debootstrap.log" 2>&1 ||
 		{ tail -n 30 "${WORK}/debootstrap.log" >&2; die "debootstrap failed"; }
 	log "stripping apt lists and caches, docs, man pages, locales, logs"
@@ -138,6 +139,10 @@ build_python_rootfs() {
 			usr/share/lintian/* var/log/* dev/* run/* tmp/* var/tmp/* debootstrap
 	)
 	: >"${root}/etc/machine-id"
+	# Debian marks its python as externally managed (PEP 668); in a throwaway sandbox, `pip
+	# install` going to the system is what agents expect.
+	printf '[global]\nbreak-system-packages = true\n' >"${root}/etc/pip.conf"
+	[[ -x ${root}/usr/bin/git && -x ${root}/usr/bin/pip3 ]] || die "python rootfs has no git or pip3"
 	[[ -s ${root}/etc/ssl/certs/ca-certificates.crt ]] || die "python rootfs has no /etc/ssl/certs/ca-certificates.crt"
 	grep -q '^root:' "${root}/etc/passwd" || die "python rootfs has no /etc/passwd"
 	local size
@@ -212,6 +217,9 @@ verify() {
 	out=$(ctr_ns run --rm "${PYTHON_REF}" "deltabox-images-t2-$$" python3 -c 'print(1)')
 	[[ ${out} == 1 ]] || die "python: expected '1', got '${out}'"
 	log "${PYTHON_REF}: python3 -c 'print(1)' -> ${out}"
+	out=$(ctr_ns run --rm "${PYTHON_REF}" "deltabox-images-t3-$$" git --version)
+	[[ ${out} == "git version "* ]] || die "python: expected git, got '${out}'"
+	log "${PYTHON_REF}: ${out}"
 }
 
 busybox_image() {
