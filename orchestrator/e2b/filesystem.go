@@ -16,8 +16,11 @@ import (
 	"github.com/deltabox/deltabox/internal/rootfs"
 )
 
-// maxListDepth bounds ListDir's depth.
-const maxListDepth = 16
+// maxListDepth bounds ListDir's depth, maxListEntries its answer.
+const (
+	maxListDepth   = 16
+	maxListEntries = 100000
+)
 
 // The filesystem service works on the sandbox's root from the host, through internal/rootfs:
 // no path the sandbox controls is ever followed (a symlink on the way is an error, not a
@@ -207,6 +210,9 @@ func walk(root *rootfs.Root, rel, abs string, depth int, names *idNames, out *[]
 		return err
 	}
 	for _, e := range ents {
+		if len(*out) >= maxListEntries {
+			return fmt.Errorf("%s holds more than %d entries (to depth): list a subdirectory: %w", abs, maxListEntries, errdefs.ErrResourceExhausted)
+		}
 		crel, cabs := path.Join(rel, e.Name), path.Join(abs, e.Name)
 		*out = append(*out, entry(root, crel, cabs, &e.Stat, names))
 		if depth > 1 && e.Stat.Mode&unix.S_IFMT == unix.S_IFDIR {
