@@ -144,7 +144,7 @@ func BenchmarkRollbackStep(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
 		modify(b, f, paths, 10, i+1)
-		f.capture(b, "step", L1)
+		f.capture(b, fmt.Sprintf("step%d", i), L1) // checkpoints are a tree: rollback deletes none
 		b.StartTimer()
 		start, c0 := time.Now(), cpuTime()
 		res := f.rollback(b, "base")
