@@ -28,6 +28,7 @@ run -bench 'Refill' -benchtime 5x ./integration/
 run -bench 'CheckpointRollback' -benchtime 200x ./integration/
 run -bench 'L3SnapshotRestore' -benchtime 10x ./integration/
 run -bench 'ProcessRollback' -benchtime 50x ./integration/
+run -bench 'RLLoop' -benchtime 1000x -timeout 30m ./integration/
 run -bench 'ForkFromCheckpoint' -benchtime 2x -timeout 20m ./integration/
 run -bench 'Density' -benchtime 50x -timeout 30m ./integration/
 run -bench 'BenchmarkPipeline$' -benchtime 1x -timeout 30m ./integration/
@@ -77,6 +78,7 @@ on a test machine; \`DiskImage\` shows what the size costs.
 | what the tracker's fanotify mark costs a write (4) | WriteTax tracked=true vs tracked=false | overlay |
 | passed GET adds <= 1 ms p50 over direct; hold p50 <= 2 ms; commit of 100 <= 1 s (5) | PassGET vs DirectGET, Hold, Commit100 | proxy |
 | a Python REPL with 50 MB of heap and a bash session: checkpoint with processes p50 <= 10 ms, frozen p50 <= 2 ms; rollback of a step (10 files, the heap, shell variables) p50 <= 2 ms, p99 <= 5 ms, >= 100x faster than an L3 rollback of the same sandbox; what the templates of 10 checkpoints cost against the REPL's RSS (14) | ckpt-procs-*, ckpt-procs-frozen-*, rollback-procs-*, l3/rollback-procs-x, templates10-MiB vs repl-rss-MiB | integration ProcessRollback |
+| RL loop: lease, then 1,000 x (reset to the start checkpoint, a step writing a file and mutating the Python heap): resets per second against L3 rollbacks and release + lease (14) | resets/s-template, resets/s-l3, resets/s-release+lease, reset-*-p50-ms | integration RLLoop |
 | L3 frozen <= 300 ms; restore from the local store <= 500 ms; push + restore no slower than ctr checkpoint + restore (6) | l3-frozen-*, l3-restore-*, ctr/(push+restore)-x | integration L3SnapshotRestore |
 | upload/download to local versitygw >= 200 MB/s (6) | MB/s | objectstore/s3 Put, Get |
 | 200 tasks x 5 steps, 20% failing once, 16 in parallel; per-step overhead vs no checkpoints (7) | run-s, no-checkpoints-s, slowdown-x, overhead-per-step-ms, effects-* | integration Pipeline |

@@ -19,7 +19,7 @@ import (
 // It also reports what the templates of 10 checkpoints cost against the REPL's RSS.
 func BenchmarkProcessRollback(b *testing.B) {
 	d := startDaemon(b)
-	d.createPool("py", pythonImage, 1)
+	d.createPool("py", pythonImage, 1, "--no-userns") // L3 (the baseline) needs it
 	id := d.lease("py").ID
 	c, ctx := d.client(), context.Background()
 	d.cli("exec", id, "--timeout", "5m", "--", "python3", "-c",
