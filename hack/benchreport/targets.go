@@ -35,6 +35,8 @@ var targets = []target{
 	{"fork --from CKPT faster than the L3 fork", "ForkFromCheckpoint", "l3/fork-from-x", 1, true},
 	{"state patch through the Python SDK <= 1 ms over the Go client", "PythonSDKOverhead", "patch-py-over-go-ms", 1, false},
 	{"exec true through the Python SDK <= 1 ms over the Go client", "PythonSDKOverhead", "exec-py-over-go-ms", 1, false},
+	{"state patch through the TypeScript SDK <= 1 ms over the Go client", "PythonSDKOverhead", "patch-ts-over-go-ms", 1, false},
+	{"exec true through the TypeScript SDK <= 1 ms over the Go client", "PythonSDKOverhead", "exec-ts-over-go-ms", 1, false},
 	{"e2b SDK Sandbox.create() p50 <= 20 ms (warm pool)", "E2BSDK", "e2b-create-p50-ms", 20, false},
 	{"e2b SDK commands.run('true') p50 <= 10 ms", "E2BSDK", "e2b-run-p50-ms", 10, false},
 }
