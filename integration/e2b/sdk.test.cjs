@@ -97,6 +97,24 @@ test('commands in the background: callbacks, list, connect, kill', async (t) => 
   assert.equal(await sb.commands.kill(long.pid), false, 'killing a gone command reports false')
 })
 
+test('many commands at once on one sandbox; a large file round trip', async (t) => {
+  const sb = await create(t)
+  const runs = await Promise.all(Array.from({ length: 16 }, (_, i) => sb.commands.run(`echo ${i}; echo e${i} >&2`)))
+  runs.forEach((r, i) => {
+    assert.equal(r.stdout, `${i}\n`)
+    assert.equal(r.stderr, `e${i}\n`)
+  })
+  const big = Buffer.alloc(3 << 20)
+  for (let i = 0; i < big.length; i++) big[i] = (i * 7919) & 0xff
+  await sb.files.write('/tmp/big.bin', new Blob([big]))
+  const back = Buffer.from(await sb.files.read('/tmp/big.bin', { format: 'bytes' }))
+  assert.ok(back.equals(big), 'the 3 MiB file came back unchanged')
+  const sum = await sb.commands.run('wc -c < /tmp/big.bin')
+  assert.equal(sum.stdout.trim(), String(big.length))
+  const out = await sb.commands.run('head -c 2000000 /dev/zero | tr "\\0" x')
+  assert.equal(out.stdout.length, 2000000)
+})
+
 test('stdin: send and close', async (t) => {
   const sb = await create(t)
   const h = await sb.commands.run('cat', { background: true, stdin: true })

@@ -209,11 +209,14 @@ func (g *Gateway) forgetGone(sb *sandbox) bool {
 // envdSandbox authenticates an in-sandbox request: the E2b-Sandbox-Id header names a
 // sandbox of this gateway and X-Access-Token carries its access token.
 func (g *Gateway) envdSandbox(r *http.Request) (*sandbox, error) {
-	id := r.Header.Get("E2b-Sandbox-Id")
+	id, port := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
+	if id == "" { // the SDK without E2B_SANDBOX_URL names the sandbox in the host: PORT-ID.DOMAIN
+		id, port = sandboxFromHost(r.Host)
+	}
 	if id == "" {
 		return nil, fmt.Errorf("missing E2b-Sandbox-Id header (set E2B_SANDBOX_URL to this gateway): %w", errdefs.ErrInvalidArgument)
 	}
-	if p := r.Header.Get("E2b-Sandbox-Port"); p != "" && p != EnvdPort {
+	if p := port; p != "" && p != EnvdPort {
 		return nil, fmt.Errorf("port %s of sandbox %q: DeltaBox's E2B gateway serves only the sandbox API (port %s): %w", p, id, EnvdPort, errUnimplemented)
 	}
 	g.mu.Lock()
@@ -226,6 +229,19 @@ func (g *Gateway) envdSandbox(r *http.Request) (*sandbox, error) {
 		return nil, fmt.Errorf("sandbox %q is paused; connect to resume it: %w", id, errdefs.ErrUnavailable)
 	}
 	return sb, nil
+}
+
+// sandboxFromHost reads PORT-ID from the first label of a host name ("49983-sb-1.e2b.example").
+func sandboxFromHost(host string) (id, port string) {
+	label, _, ok := strings.Cut(host, ".")
+	if !ok {
+		return "", ""
+	}
+	port, id, ok = strings.Cut(label, "-")
+	if !ok || port == "" || strings.Trim(port, "0123456789") != "" {
+		return "", ""
+	}
+	return id, port
 }
 
 // tokenOK checks an in-sandbox call's access token (by hash, in constant time per token).

@@ -435,6 +435,20 @@ func TestFilesRefuseSymlinksTheSandboxMade(t *testing.T) {
 	}
 }
 
+func TestSandboxFromHost(t *testing.T) {
+	for host, want := range map[string][2]string{
+		"49983-sb-1a2b.e2b.example.com": {"sb-1a2b", "49983"},
+		"8080-sb-x.d":                   {"sb-x", "8080"},
+		"127.0.0.1:3000":                {"", ""},
+		"api.e2b.example.com":           {"", ""},
+		"x9-sb.d":                       {"", ""},
+	} {
+		if id, port := sandboxFromHost(host); id != want[0] || port != want[1] {
+			t.Errorf("sandboxFromHost(%q) = %q, %q; want %q, %q", host, id, port, want[0], want[1])
+		}
+	}
+}
+
 func TestWatchDiff(t *testing.T) {
 	before := map[string]sig{"a": {ino: 1, size: 1}, "b": {ino: 2}, "c": {ino: 3, mode: 0o644}}
 	after := map[string]sig{"a": {ino: 1, size: 2}, "c": {ino: 3, mode: 0o600}, "d": {ino: 4}}
