@@ -187,6 +187,15 @@ test('timeout: a sandbox whose timeout passes is released; setTimeout extends it
   assert.equal((await kept.getInfo()).state, 'running')
 })
 
+test("timeout with onTimeout: 'pause' pauses; connect resumes", async (t) => {
+  const sb = await create(t, { timeoutMs: 1000, lifecycle: { onTimeout: 'pause' } })
+  await sb.files.write('/tmp/auto.txt', 'paused by its timeout')
+  await waitFor('the timeout to pause the sandbox', async () => (await sb.getInfo()).state === 'paused', 10000)
+  const back = await Sandbox.connect(sb.sandboxId, { timeoutMs: 60_000 })
+  assert.equal(await back.files.read('/tmp/auto.txt'), 'paused by its timeout')
+  assert.equal((await back.getInfo()).state, 'running')
+})
+
 test('pause and resume keep the files', async (t) => {
   const sb = await create(t)
   await sb.files.write('/tmp/keep.txt', 'kept across pause')
