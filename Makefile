@@ -25,7 +25,7 @@ TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
 	DELTABOX_E2B_NODE_PATH=$(shell bash hack/e2b-sdk.sh path) \
 	DELTABOX_CONTAINERD3_ADDRESS=$(CONTAINERD3_ADDRESS) DELTABOX_TEMPORAL=$(shell command -v temporal || echo /usr/local/bin/temporal)
 
-.PHONY: build deps containerd images npm e2b-sdk setup test test-soak test-unit demo bench lint docs clean
+.PHONY: build deps containerd images npm e2b-sdk chromium setup test test-soak test-unit demo bench lint docs clean
 
 # bin/deltabox is the light client build (-tags cli: no daemon dependencies, fast to start);
 # its `daemon` verb runs bin/deltabox-daemon, the full build (cmd/deltabox/lite.go).
@@ -49,7 +49,10 @@ images: containerd ## build and import the busybox and python images (into the t
 	DELTABOX_DEV_ROOT=$(NODE3_ROOT) bash hack/containerd.sh start
 	DELTABOX_DEV_ROOT=$(NODE3_ROOT) bash hack/images.sh
 
-setup: deps containerd images npm e2b-sdk
+setup: deps containerd images npm e2b-sdk chromium
+
+chromium: ## install Debian's chromium for the headless browser test of deltabox ui
+	bash hack/chromium.sh
 
 npm: ## install the pinned npm dependencies of sdk/typescript and sdk/langgraph and build them
 	bash hack/npm.sh

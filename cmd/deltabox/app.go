@@ -94,7 +94,7 @@ func commands() []*cli.Command {
 	return []*cli.Command{
 		versionCommand(), daemonCommand(), infoCommand(), configCommand(),
 		poolCommand(), leaseCommand(), releaseCommand(), lsCommand(), inspectCommand(), sandboxCommand(),
-		execCommand(), cpCommand(), checkpointCommand(), rollbackCommand(), gotoCommand(), logCommand(), showCommand(), commitCommand(),
+		execCommand(), cpCommand(), checkpointCommand(), rollbackCommand(), gotoCommand(), logCommand(), showCommand(), uiCommand(), commitCommand(),
 		diffCommand(), stateCommand(), verifyCommand(), effectsCommand(), snapshotCommand(), restoreCommand(), forkCommand(), docsCommand(),
 		runCommand(), completionCommand(), logsCommand(), psCommand(), policyCommand(),
 	}

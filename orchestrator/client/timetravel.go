@@ -37,3 +37,23 @@ func (c *Client) StateAt(ctx context.Context, id, ckpt, pointer string) (json.Ra
 	var v json.RawMessage
 	return v, c.do(ctx, http.MethodGet, sandboxPath(id, "/state?pointer="+url.QueryEscape(pointer)+"&at="+url.QueryEscape(ckpt)), nil, &v)
 }
+
+// Forward sends one request to the daemon's API as it is (path and query under /v1, body,
+// content type) and returns the daemon's response, errors included; for local proxies such
+// as `deltabox ui`. The caller closes the body.
+func (c *Client) Forward(ctx context.Context, method, pathAndQuery string, body io.Reader, contentType string) (*http.Response, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+api.Version+pathAndQuery, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	return c.http.Do(req)
+}
