@@ -169,7 +169,11 @@ type templateAttack struct {
 func TestProcessTemplatesFromInside(t *testing.T) {
 	d := startDaemon(t)
 	d.createPool("py", pythonImage, 1)
-	id := d.lease("py").ID
+	l := d.lease("py")
+	id := l.ID
+	if !l.Isolation.UserNamespace { // templates must work, and hold, under user namespaces
+		t.Fatalf("the default pool's sandbox has no user namespace: %+v", l.Isolation)
+	}
 	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL\ncat > /attack.py <<'EOF_ATTACK'\n"+attackTemplatesPy+"\nEOF_ATTACK")
 	py := startPiped(d, id, "py", "python3 /repl.py")
 	d.cli("exec", id, "--", "sh", "-c", "nohup sleep 997 >/dev/null 2>&1 &")
