@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"time"
 	"strconv"
 	"strings"
 
@@ -77,8 +78,13 @@ func (p *Proc) Wait() error {
 	}
 	pid := p.task.pid
 	err := p.t.do(func() error {
+		deadline := time.Now().Add(StopTimeout)
 		for {
-			st, err := waitStop(pid)
+			st, err := waitStopUntil(pid, deadline)
+			if errors.Is(err, errNotStopped) {
+				go p.t.detachWhenStopped(pid)
+				return fmt.Errorf("process %d did not stop within %s (uninterruptible?): %w", pid, StopTimeout, errdefs.ErrUnavailable)
+			}
 			if err != nil {
 				return err
 			}

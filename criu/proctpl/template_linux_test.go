@@ -45,10 +45,20 @@ while True:
     os.write(1, (repr(r) + "\n").encode())
 `
 
+// pythonBinary is the real python3 executable (python3 on PATH may be a shell shim, whose
+// state while it starts python is not what a test means to checkpoint).
+func pythonBinary(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command(testutil.RequiresBinary(t, "python3"), "-c", "import sys; print(sys.executable)").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
 func startREPL(t *testing.T) *repl {
 	t.Helper()
-	py := testutil.RequiresBinary(t, "python3")
-	cmd := exec.Command(py, "-S", "-c", replSrc)
+	cmd := exec.Command(pythonBinary(t), "-S", "-c", replSrc)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +188,9 @@ func TestTemplateFrozenCut(t *testing.T) {
 	r := startREPL(t)
 	r.eval(t, "x = 1")
 	// a busy loop with no system calls, and a process asleep
-	busy := exec.Command(testutil.RequiresBinary(t, "python3"), "-S", "-c", "while True: pass")
+	busy := exec.Command(pythonBinary(t), "-S", "-c", "while True: pass")
+	busyErr := &testutil.SyncBuffer{}
+	busy.Stderr = busyErr
 	sleeper := exec.Command("sleep", "1000")
 	for _, c := range []*exec.Cmd{busy, sleeper} {
 		if err := c.Start(); err != nil {
@@ -239,7 +251,9 @@ func TestTemplateFrozenCut(t *testing.T) {
 		c := rollback(t, tp, pids[i+1])
 		time.Sleep(20 * time.Millisecond)
 		if st := procState(c); st != "R" && st != "S" {
-			t.Fatalf("copy of %d is in state %q", pids[i+1], st)
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(c, &ws, unix.WNOHANG, nil)
+			t.Fatalf("copy of %d (%v) is in state %q: exit %d signal %v; busy's stderr: %s", pids[i+1], []string{"busy", "sleeper"}[i], st, ws.ExitStatus(), ws.Signal(), busyErr)
 		}
 	}
 	_ = c
@@ -284,5 +298,58 @@ func TestTemplateIgnoresSignals(t *testing.T) {
 	}
 	if got := r.eval(t, "x"); got != "5" {
 		t.Fatalf("x = %s", got)
+	}
+}
+
+// freezeCgroup puts pid in a new cgroup v1 freezer cgroup and freezes it; thaw undoes it.
+func freezeCgroup(t *testing.T, pid int) (thaw func()) {
+	t.Helper()
+	dir := filepath.Join("/sys/fs/cgroup/freezer", fmt.Sprintf("proctpl-test-%d-%d", os.Getpid(), pid))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		testutil.SkipOrFail(t, "cgroup v1 freezer: %v", err)
+	}
+	state := filepath.Join(dir, "freezer.state")
+	thaw = func() { _ = os.WriteFile(state, []byte("THAWED"), 0) }
+	t.Cleanup(func() { thaw(); time.Sleep(50 * time.Millisecond); _ = os.Remove(dir) })
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(state, []byte("FROZEN"), 0); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, time.Millisecond, "frozen", func() bool {
+		b, _ := os.ReadFile(state)
+		return strings.TrimSpace(string(b)) == "FROZEN"
+	})
+	return thaw
+}
+
+// TestWaitGivesUpOnAProcessThatDoesNotStop: a seized process that does not stop (here: kept
+// frozen) makes Wait fail after StopTimeout instead of holding the tracer thread; once it
+// can stop, it is let go and runs on, untraced.
+func TestWaitGivesUpOnAProcessThatDoesNotStop(t *testing.T) {
+	testutil.RequiresRoot(t)
+	old := StopTimeout
+	StopTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { StopTimeout = old })
+	tr := NewTracer()
+	r := startREPL(t)
+	pid := r.cmd.Process.Pid
+	thaw := freezeCgroup(t, pid)
+	p, err := tr.Seize(pid, noCheck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := p.Wait(); err == nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("Wait on a frozen process: %v after %s", err, time.Since(start))
+	}
+	thaw()
+	testutil.WaitFor(t, 5*time.Second, 10*time.Millisecond, "the process let go", func() bool {
+		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		return strings.Contains(string(status), "TracerPid:\t0")
+	})
+	if got := r.eval(t, "2+2"); got != "4" {
+		t.Fatalf("the REPL after being let go: %s", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -75,6 +76,62 @@ func (s stop) syscall() bool { return s.event == 0 && s.sig == unix.SIGTRAP|0x80
 // tracer's to pass on.
 func (s stop) signal() bool {
 	return s.event == 0 && s.sig != unix.SIGTRAP|0x80
+}
+
+// StopTimeout bounds how long Wait waits for a seized process to stop (one in an
+// uninterruptible sleep may not): the tracer thread serves every sandbox.
+var StopTimeout = 2 * time.Second
+
+var errNotStopped = errors.New("not stopped yet")
+
+// waitStopUntil is waitStop that gives up at deadline (errNotStopped), polling without
+// blocking the tracer thread for longer.
+func waitStopUntil(pid int, deadline time.Time) (stop, error) {
+	for sleep := 10 * time.Microsecond; ; sleep = min(2*sleep, time.Millisecond) {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(pid, &ws, unix.WALL|unix.WNOHANG, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return stop{}, fmt.Errorf("wait for process %d: %w", pid, err)
+		case got == pid && !ws.Stopped():
+			return stop{}, fmt.Errorf("process %d ended (%s): %w", pid, describe(ws), errdefs.ErrNotFound)
+		case got == pid:
+			return stop{sig: ws.StopSignal(), event: int(ws >> 16)}, nil
+		}
+		if time.Now().After(deadline) {
+			return stop{}, errNotStopped
+		}
+		time.Sleep(sleep)
+	}
+}
+
+// detachWhenStopped lets go of a seized process that did not stop in time, once it does
+// (or exits): a tracee can only be detached while stopped.
+func (t *Tracer) detachWhenStopped(pid int) {
+	for {
+		time.Sleep(100 * time.Millisecond)
+		done := false
+		_ = t.do(func() error {
+			st, err := waitStopUntil(pid, time.Now())
+			if errors.Is(err, errNotStopped) {
+				return nil
+			}
+			done = true
+			if err == nil {
+				sig := 0
+				if st.signal() {
+					sig = int(st.sig)
+				}
+				_ = ptraceDetach(pid, sig)
+			}
+			return nil
+		})
+		if done {
+			return
+		}
+	}
 }
 
 // waitStop waits for the next stop of tracee pid; an exit is an error.
