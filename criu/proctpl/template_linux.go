@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"time"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
