@@ -64,7 +64,7 @@ e2b-sdk: ## install the pinned e2b JS SDK the E2B-compatibility tests run (integ
 # and CRIU's network lock, and their timings are tuned for a machine they have to themselves.
 # Packages whose concurrency (the change tracker, the effect journal, the state log's group
 # commit, the init's streams) also runs under the race detector.
-RACE_PKGS := ./overlay/ ./proxy/ ./orchestrator/ ./orchestrator/state/ ./pool/initproto/
+RACE_PKGS := ./overlay/ ./proxy/ ./orchestrator/ ./orchestrator/state/ ./pool/initproto/ ./orchestrator/e2b/
 
 test: setup build ## unit, root and integration tests against the real stack
 	$(TEST_ENV) $(GO) test $(TEST_FLAGS) ./...
