@@ -36,7 +36,7 @@ func (a *Activities) register(r interface {
 	RegisterActivityWithOptions(any, activity.RegisterOptions)
 }) {
 	for name, fn := range map[string]any{
-		actAcquire: a.Acquire, actCheckpoint: a.Checkpoint, actAttempt: a.Attempt, actRollback: a.Rollback,
+		actAcquire: a.Acquire, actAttempt: a.Attempt, actRollback: a.Rollback,
 		actCommit: a.Commit, actFailover: a.FailoverPoint, actRelease: a.Release, actRemoveSnapshots: a.RemoveSnapshots,
 	} {
 		r.RegisterActivityWithOptions(fn, activity.RegisterOptions{Name: name})
@@ -159,13 +159,12 @@ func (a *Activities) restore(ctx context.Context, uri, pool string, timeout time
 	}
 }
 
-// Checkpoint takes the checkpoint a step starts from.
-func (a *Activities) Checkpoint(ctx context.Context, in CheckpointInput) (Checkpointed, error) {
-	defer heartbeat(ctx)()
+// checkpoint takes the checkpoint a step starts from.
+func (a *Activities) checkpoint(ctx context.Context, sandbox string, in CheckpointInput) (Checkpointed, error) {
 	t0 := time.Now()
-	ck, err := a.C.Checkpoint(ctx, in.Sandbox, api.CheckpointRequest{Level: in.Level, Message: in.Message})
+	ck, err := a.C.Checkpoint(ctx, sandbox, api.CheckpointRequest{Level: in.Level, Message: in.Message})
 	if err != nil {
-		return Checkpointed{}, failure(ctx, err)
+		return Checkpointed{}, failure(ctx, fmt.Errorf("checkpoint: %w", err))
 	}
 	return Checkpointed{ID: ck.ID, MS: pipeline.Ms(time.Since(t0))}, nil
 }
@@ -187,14 +186,20 @@ func (a *Activities) Attempt(ctx context.Context, in AttemptInput) (AttemptResul
 	if s == nil {
 		return AttemptResult{}, failure(ctx, fmt.Errorf("step %d (fallback %t) is not in the pipeline: %w", in.Step, in.Fallback, errdefs.ErrInvalidArgument))
 	}
+	var out AttemptResult
+	if in.Checkpoint != nil {
+		if out.Checkpoint, err = a.checkpoint(ctx, in.Sandbox, *in.Checkpoint); err != nil {
+			return out, err
+		}
+	}
 	sb := &pipeline.Sandbox{C: a.C, P: p, T: t, ID: in.Sandbox, Start: in.Start}
 	if err := sb.Attempt(ctx, s, in.Attempt); err != nil {
 		if ctx.Err() != nil {
-			return AttemptResult{}, failure(ctx, ctx.Err())
+			return out, failure(ctx, ctx.Err())
 		}
-		return AttemptResult{Error: err.Error()}, nil
+		out.Error = err.Error()
 	}
-	return AttemptResult{}, nil
+	return out, nil
 }
 
 // Rollback returns the sandbox to a checkpoint and reports the round trip (ms).

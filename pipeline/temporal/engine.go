@@ -57,7 +57,8 @@ type run struct {
 func Run(ctx context.Context, p *pipeline.Pipeline, tasks []pipeline.Task, opts RunOptions) (pipeline.Summary, error) {
 	start := time.Now()
 	opts.defaults()
-	r := &run{p: p, opts: opts, key: runKey(p, tasks, opts.RunKey), sum: pipeline.NewSummary(p, len(tasks))}
+	r := &run{p: p, opts: opts, key: runKey(p, tasks, opts.Namespace+"\x00"+opts.Queue+"\x00"+opts.RunKey),
+		sum: pipeline.NewSummary(p, len(tasks))}
 	tc, err := Dial(ctx, opts.Conn)
 	if err != nil {
 		return r.sum, err
@@ -95,7 +96,8 @@ func (o *RunOptions) defaults() {
 	}
 }
 
-// runKey hashes what makes a run: the pipeline (and its files), the tasks and the key.
+// runKey hashes what makes a run: the pipeline (and its files), the tasks and the key (the
+// namespace, task queue and --run-key).
 func runKey(p *pipeline.Pipeline, tasks []pipeline.Task, key string) string {
 	h := sha256.New()
 	b := p.Bundle()

@@ -46,16 +46,24 @@ func (w *taskFlow) runStep(i int, fallback bool, s *pipeline.Step, fallbackFor s
 	start := workflow.Now(w.root)
 	sr = pipeline.StepResult{Name: s.Name, Status: pipeline.StatusFailed, FallbackFor: fallbackFor}
 	defer func() { sr.DurationMS = pipeline.Ms(workflow.Now(w.root).Sub(start)) }()
-	if sr.Checkpoint, err = w.checkpoint(s); err != nil {
-		return sr, err
-	}
 	for attempt := 1; ; attempt++ {
+		in := AttemptInput{Task: w.in, Start: w.start, Sandbox: w.sb, Step: i, Fallback: fallback, Attempt: attempt}
+		if attempt == 1 {
+			sb := pipeline.Sandbox{P: w.p, T: w.t}
+			in.Checkpoint = &CheckpointInput{Level: s.Checkpoint, Message: sb.CheckpointMessage(s)}
+		}
+		var ar AttemptResult
+		err := w.call(actAttempt, in, &ar)
+		if attempt == 1 {
+			if ar.Checkpoint.ID == "" {
+				return sr, fmt.Errorf("checkpoint before step %q: %w", s.Name, err)
+			}
+			sr.Checkpoint = w.checkpointed(ar.Checkpoint)
+		}
 		sr.Attempts = attempt
 		w.res.Attempts++
 		w.at = ""
-		var ar AttemptResult
-		in := AttemptInput{Task: w.in, Start: w.start, Sandbox: w.sb, Step: i, Fallback: fallback, Attempt: attempt}
-		if err := w.call(actAttempt, in, &ar); err != nil {
+		if err != nil {
 			return sr, fmt.Errorf("step %q: %w", s.Name, err)
 		}
 		if ar.Error == "" {
@@ -76,21 +84,15 @@ func (w *taskFlow) runStep(i int, fallback bool, s *pipeline.Step, fallbackFor s
 	}
 }
 
-// checkpoint takes the checkpoint a step starts from.
-func (w *taskFlow) checkpoint(s *pipeline.Step) (string, error) {
-	sb := pipeline.Sandbox{P: w.p, T: w.t}
-	var ck Checkpointed
-	in := CheckpointInput{Sandbox: w.sb, Level: s.Checkpoint, Message: sb.CheckpointMessage(s)}
-	if err := w.call(actCheckpoint, in, &ck); err != nil {
-		return "", fmt.Errorf("checkpoint before step %q: %w", s.Name, err)
-	}
+// checkpointed records the checkpoint a step's first attempt took.
+func (w *taskFlow) checkpointed(ck Checkpointed) string {
 	w.ckMS = append(w.ckMS, ck.MS)
 	w.res.Checkpoints++
 	if w.floor == "" {
 		w.floor = ck.ID
 	}
 	w.at, w.pending = ck.ID, true
-	return ck.ID, nil
+	return ck.ID
 }
 
 // rollback returns the sandbox to checkpoint ck.

@@ -10,7 +10,6 @@ import (
 const (
 	WorkflowName       = "deltabox.PipelineTask"
 	actAcquire         = "deltabox.Acquire"
-	actCheckpoint      = "deltabox.Checkpoint"
 	actAttempt         = "deltabox.Attempt"
 	actRollback        = "deltabox.Rollback"
 	actCommit          = "deltabox.Commit"
@@ -60,9 +59,8 @@ type Acquired struct {
 	Node    string `json:"node"`
 }
 
-// CheckpointInput takes the checkpoint a step starts from.
+// CheckpointInput is the checkpoint a step starts from.
 type CheckpointInput struct {
-	Sandbox string `json:"sandbox"`
 	Level   string `json:"level"`
 	Message string `json:"message"`
 }
@@ -82,11 +80,16 @@ type AttemptInput struct {
 	Step     int       `json:"step"`
 	Fallback bool      `json:"fallback,omitempty"`
 	Attempt  int       `json:"attempt"`
+	// Checkpoint, on a step's first attempt, is the checkpoint the step starts from, taken
+	// first in the same activity (one round trip through Temporal per step, not two).
+	Checkpoint *CheckpointInput `json:"checkpoint,omitempty"`
 }
 
-// AttemptResult says why an attempt failed ("" when it succeeded).
+// AttemptResult says why an attempt failed ("" when it succeeded), and which checkpoint it
+// took first (when asked).
 type AttemptResult struct {
-	Error string `json:"error,omitempty"`
+	Error      string       `json:"error,omitempty"`
+	Checkpoint Checkpointed `json:"checkpoint"`
 }
 
 // RollbackInput returns a sandbox to a checkpoint.

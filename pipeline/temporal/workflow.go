@@ -180,7 +180,11 @@ func (w *taskFlow) onNode() error {
 // call runs an activity in the session; a failure caused by the node going away is an
 // *errNodeLost.
 func (w *taskFlow) call(name string, in, out any) error {
-	err := workflow.ExecuteActivity(w.s, name, in).Get(w.s, out)
+	ctx := w.s
+	if w.root.Err() != nil { // cancelled: the cleanup (rollback, release) still runs
+		ctx, _ = workflow.NewDisconnectedContext(w.s)
+	}
+	err := workflow.ExecuteActivity(ctx, name, in).Get(ctx, out)
 	if err != nil && w.root.Err() == nil && nodeLost(w.s, err) {
 		return &errNodeLost{node: w.node, err: err}
 	}
@@ -293,7 +297,8 @@ func (w *taskFlow) cleanup() {
 	if len(w.snapshots) == 0 {
 		return
 	}
-	ctx := workflow.WithActivityOptions(w.root, workflow.ActivityOptions{
+	ctx, _ := workflow.NewDisconnectedContext(w.root) // also after a cancellation
+	ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		TaskQueue: w.in.Queue, StartToCloseTimeout: time.Minute, ScheduleToCloseTimeout: 10 * time.Minute,
 		RetryPolicy: &sdktemporal.RetryPolicy{MaximumAttempts: 3}})
 	if err := workflow.ExecuteActivity(ctx, actRemoveSnapshots, w.snapshots).Get(ctx, nil); err != nil {

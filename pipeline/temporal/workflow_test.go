@@ -19,6 +19,7 @@ import (
 // lost once at a given attempt of a given step.
 type fakeNode struct {
 	mu       sync.Mutex
+	released int
 	fail     map[string]int // "step/attempt" -> 1: that attempt fails
 	loseAt   string         // "step/attempt": the node goes away there (once)
 	acquires []AcquireInput
@@ -34,22 +35,23 @@ func (f *fakeNode) register(env *testsuite.TestWorkflowEnvironment) {
 		n := len(f.acquires)
 		return Acquired{Sandbox: fmt.Sprintf("sb-%d", n), Node: fmt.Sprintf("node-%d", n)}, nil
 	})
-	env.OnActivity(actCheckpoint, mock.Anything, mock.Anything).Return(func(_ context.Context, in CheckpointInput) (Checkpointed, error) {
-		return Checkpointed{ID: "ck", MS: 1}, nil
-	})
 	env.OnActivity(actAttempt, mock.Anything, mock.Anything).Return(func(_ context.Context, in AttemptInput) (AttemptResult, error) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		k := fmt.Sprintf("%d%s/%d", in.Step, map[bool]string{true: "fb"}[in.Fallback], in.Attempt)
 		f.attempts = append(f.attempts, k)
+		var out AttemptResult
+		if in.Checkpoint != nil {
+			out.Checkpoint = Checkpointed{ID: "ck", MS: 1}
+		}
 		if k == f.loseAt {
 			f.loseAt = ""
-			return AttemptResult{}, sdktemporal.NewNonRetryableApplicationError("the node is stopping", errNodeStopping, nil)
+			return out, sdktemporal.NewNonRetryableApplicationError("the node is stopping", errNodeStopping, nil)
 		}
 		if f.fail[k] > 0 {
-			return AttemptResult{Error: "command exit code 3"}, nil
+			out.Error = "command exit code 3"
 		}
-		return AttemptResult{}, nil
+		return out, nil
 	})
 	env.OnActivity(actRollback, mock.Anything, mock.Anything).Return(float64(1), nil)
 	env.OnActivity(actCommit, mock.Anything, mock.Anything).Return(func(_ context.Context, _ string) (Committed, error) {
@@ -61,11 +63,20 @@ func (f *fakeNode) register(env *testsuite.TestWorkflowEnvironment) {
 	env.OnActivity(actFailover, mock.Anything, mock.Anything).Return(func(_ context.Context, sb string) (string, error) {
 		return "s3://b#" + sb, nil
 	})
-	env.OnActivity(actRelease, mock.Anything, mock.Anything).Return(Released{Effects: pipeline.EffectCounts{Committed: 1}}, nil)
+	env.OnActivity(actRelease, mock.Anything, mock.Anything).Return(func(context.Context, string) (Released, error) {
+		f.mu.Lock()
+		f.released++
+		f.mu.Unlock()
+		return Released{Effects: pipeline.EffectCounts{Committed: 1}}, nil
+	})
 	env.OnActivity(actRemoveSnapshots, mock.Anything, mock.Anything).Return(nil)
 }
 
 func runTask(t *testing.T, yaml string, f *fakeNode) pipeline.Result {
+	return runTaskWith(t, yaml, f, nil)
+}
+
+func runTaskWith(t *testing.T, yaml string, f *fakeNode, setup func(*testsuite.TestWorkflowEnvironment)) pipeline.Result {
 	t.Helper()
 	var s testsuite.WorkflowTestSuite
 	env := s.NewTestWorkflowEnvironment()
@@ -73,6 +84,9 @@ func runTask(t *testing.T, yaml string, f *fakeNode) pipeline.Result {
 	env.RegisterWorkflow(TaskWorkflow)
 	(&Activities{}).register(env)
 	f.register(env)
+	if setup != nil {
+		setup(env)
+	}
 	p, err := pipeline.Parse("p.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -145,5 +159,18 @@ func TestWorkflowFailsOverFromTheStart(t *testing.T) {
 	}
 	if want := "[0/1 1/1 0/1 1/1]"; fmt.Sprint(f.attempts) != want {
 		t.Fatalf("attempts %v, want %s", f.attempts, want)
+	}
+}
+
+// A task whose workflow is cancelled (here while it waits out a retry's backoff) still rolls
+// back and releases its sandbox, and ends interrupted.
+func TestWorkflowCancelReleases(t *testing.T) {
+	f := &fakeNode{fail: map[string]int{"0/1": 1}}
+	yaml := "pool: bb\nsteps:\n  - {name: a, run: [a], retry: {attempts: 2, backoff: 1h}}\n"
+	res := runTaskWith(t, yaml, f, func(env *testsuite.TestWorkflowEnvironment) {
+		env.RegisterDelayedCallback(env.CancelWorkflow, time.Minute)
+	})
+	if res.Status != pipeline.StatusInterrupted || f.released != 1 || res.Rollbacks != 1 {
+		t.Fatalf("result %+v, released %d times", res, f.released)
 	}
 }
