@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real e2b JS SDK (E2B_SDK_VERSION, locked by integration/e2b/package-lock.json)
 # into the cache for the E2B-compatibility tests (integration/e2b_test.go), with npm ci.
-# Needs Node.js 18 or later (installs Debian's nodejs and npm when node is missing).
+# Needs Node.js 20 or later (NODE_MIN_MAJOR, as hack/npm.sh; the e2b SDK needs 20).
 #
 #   hack/e2b-sdk.sh          install (a second run with the same lock file does nothing)
 #   hack/e2b-sdk.sh path     print the node_modules directory (NODE_PATH for the tests)
@@ -16,15 +16,11 @@ if [[ ${1:-} == path ]]; then
 	exit 0
 fi
 
-step node "Node.js 18+ and npm"
-if ! have node || ! have npm; then
-	need_root
-	log "apt-get install nodejs npm"
-	apt-get -o DPkg::Lock::Timeout=600 update -qq
-	apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends nodejs npm >/dev/null
-fi
+step node "Node.js ${NODE_MIN_MAJOR}+ and npm"
+have node || die "node is not installed (the e2b SDK needs Node ${NODE_MIN_MAJOR}+)"
+have npm || die "npm is not installed"
 major="$(node -p 'process.versions.node.split(".")[0]')"
-[[ ${major} -ge 18 ]] || die "node $(node --version) is too old: the e2b SDK needs 18 or later"
+[[ ${major} -ge ${NODE_MIN_MAJOR} ]] || die "node $(node --version) is too old: the e2b SDK needs Node ${NODE_MIN_MAJOR}+"
 
 step sdk "e2b ${E2B_SDK_VERSION} in ${DEST}"
 installed="$(node -p "require('${DEST}/node_modules/e2b/package.json').version" 2>/dev/null || true)"
@@ -39,7 +35,7 @@ rm -rf "${tmp}"
 mkdir -p "${tmp}"
 cp "${SRC}/package.json" "${SRC}/package-lock.json" "${tmp}/"
 log "npm ci (e2b ${E2B_SDK_VERSION})"
-(cd "${tmp}" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+(cd "${tmp}" && npm ci --cache "${DELTABOX_CACHE}/npm" --ignore-scripts --no-audit --no-fund --loglevel=error)
 rm -rf "${DEST}"
 mv "${tmp}" "${DEST}"
 log "installed e2b $(node -p "require('${DEST}/node_modules/e2b/package.json').version")"
