@@ -132,8 +132,8 @@ class Daemon(unittest.TestCase):
             r = sb.patch_state([{"op": "add", "path": "/plan", "value": ["a"]}])
             seq = r["seq"]
             self.assertEqual(r["applied"], 1)
-            ck = sb.checkpoint("planned")
-            self.assertEqual(ck["message"], "planned")
+            ck = sb.checkpoint("planned", name="planned", pin=True)
+            self.assertEqual((ck["message"], ck["name"]), ("planned", "planned"))
             sb.exec("echo x > /tmp/x", check=True)
             r = sb.patch_state({"op": "append", "path": "/plan", "value": "b"}, if_seq=seq)
             with self.assertRaises(deltabox.Conflict) as cm:
