@@ -31,11 +31,10 @@ for d in range(50):
 	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
 	py := startPiped(d, id, "py", "python3 /repl.py")
 	sh := startPiped(d, id, "sh", "bash")
-	py.ask("heap = bytearray(os.urandom(50 << 20)) if False else bytearray(50 << 20)")
-	py.ask("import os; heap[:] = os.urandom(50 << 20); n = 0")
+	py.ask("import os; heap = bytearray(os.urandom(50 << 20)); n = 0")
 	sh.ask("V=0; echo ok")
 	step := func(i int) {
-		d.cli("exec", id, "--", "sh", "-c", fmt.Sprintf(`for i in $(seq 0 9); do head -c 4096 /dev/urandom > /t/$i/step; done`))
+		d.cli("exec", id, "--", "sh", "-c", `for i in $(seq 0 9); do head -c 4096 /dev/urandom > /t/$i/step; done`)
 		py.ask(fmt.Sprintf("heap[%d] = %d; n = %d", (i*4096*97)%(50<<20), i%256, i))
 		sh.ask(fmt.Sprintf("V=%d; echo ok", i))
 	}
