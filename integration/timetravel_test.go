@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -336,4 +338,54 @@ func copyKeys(m map[string]bool) map[string]bool {
 		}
 	}
 	return out
+}
+
+// replayPolicy records the answers of GET /rec* for replay.
+const replayPolicy = `version: 1
+default: deny
+rules:
+  - host: 127.0.0.1
+    methods: [GET]
+    path_prefix: /rec
+    action: pass
+    record: true
+  - host: 127.0.0.1
+    methods: [GET, HEAD]
+    action: pass
+`
+
+// TestTimeTravelReplay: a re-run from a checkpoint with --replay, and a fork from it with
+// --replay, get the recorded answer of an identical request; without replay the upstream is
+// asked again.
+func TestTimeTravelReplay(t *testing.T) {
+	u := startUpstream(t)
+	d := egressDaemon(t, u, pythonImage, 2, "")
+	policy := filepath.Join(shortTempDir(t), "replay.yaml")
+	if err := os.WriteFile(policy, []byte(replayPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := d.lease("net", append([]string{"--egress-policy", policy}, noProxyBypass...)...).ID
+	fetch := func(sb string) string {
+		return d.cli("exec", sb, "--", "curl", "-sS", "-m", "10", "-D", "-", u.plain.URL+"/rec/world")
+	}
+	d.cli("checkpoint", "create", id, "--name", "before")
+	first := fetch(id)
+	if u.count("GET /rec/world") != 1 || strings.Contains(first, "X-Deltabox-Replayed") {
+		t.Fatalf("first run: upstream saw %d, answer %q", u.count("GET /rec/world"), first)
+	}
+	d.cli("rollback", id, "--to", "before", "--replay")
+	if again := fetch(id); !strings.Contains(again, "X-Deltabox-Replayed: 1") || u.count("GET /rec/world") != 1 {
+		t.Fatalf("re-run with replay: upstream saw %d, answer %q", u.count("GET /rec/world"), again)
+	}
+	leases, err := d.client().ForkWith(context.Background(), id, api.SnapshotRequest{Count: 1, From: "before", Replay: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if forked := fetch(leases[0].ID); !strings.Contains(forked, "X-Deltabox-Replayed: 1") || u.count("GET /rec/world") != 1 {
+		t.Fatalf("fork with replay: upstream saw %d, answer %q", u.count("GET /rec/world"), forked)
+	}
+	d.cli("goto", id, "before")
+	if fresh := fetch(id); strings.Contains(fresh, "X-Deltabox-Replayed") || u.count("GET /rec/world") != 2 {
+		t.Fatalf("re-run without replay: upstream saw %d, answer %q", u.count("GET /rec/world"), fresh)
+	}
 }

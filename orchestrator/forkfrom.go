@@ -68,7 +68,7 @@ func (o *Orchestrator) ForkFrom(ctx context.Context, id string, req api.Snapshot
 	var leases []api.Lease
 	for n := range req.Count {
 		emit(api.Progress{Phase: "fork", Done: int64(n), Total: int64(req.Count)})
-		l, err := o.forkOne(ctx, s, ck.ID, target, doc)
+		l, err := o.forkOne(ctx, s, ck.ID, target, doc, req.Replay)
 		if err != nil {
 			return leases, fmt.Errorf("fork %d of %d from %s@%s: %w", n+1, req.Count, id, ck.ID, err)
 		}
@@ -79,7 +79,7 @@ func (o *Orchestrator) ForkFrom(ctx context.Context, id string, req api.Snapshot
 }
 
 // forkOne leases one warm sandbox and makes it the checkpoint's. s.mu is read-held.
-func (o *Orchestrator) forkOne(ctx context.Context, s *session, ckpt string, to restoreTarget, doc []byte) (api.Lease, error) {
+func (o *Orchestrator) forkOne(ctx context.Context, s *session, ckpt string, to restoreTarget, doc []byte, replay bool) (api.Lease, error) {
 	start := time.Now()
 	lr := to.lease
 	lr.Env = append(append([]string(nil), lr.Env...), seedEnv+"="+newSeed())
@@ -92,6 +92,9 @@ func (o *Orchestrator) forkOne(ctx context.Context, s *session, ckpt string, to 
 			log.L(ctx).Warn("release a fork that failed", "sandbox", res.ID, "error", rerr)
 		}
 		return api.Lease{}, err
+	}
+	if o.proxy != nil {
+		o.proxy.CopyRecordings(s.id, res.ID, replay)
 	}
 	o.startSessionWith(ctx, res.Sandbox, &sessionSeed{state: doc, message: to.message})
 	log.L(ctx).Info("sandbox forked from a checkpoint", "sandbox", res.ID, "from", s.id, "checkpoint", ckpt,

@@ -38,6 +38,9 @@ func (o *Orchestrator) Rollback(ctx context.Context, id string, req api.Rollback
 		return api.RollbackResult{}, err
 	}
 	res := api.RollbackResult{ID: id, To: in.Target, From: in.From}
+	if o.proxy != nil { // before the sandbox runs again: its next requests replay (or not)
+		o.proxy.SetReplay(id, req.Replay)
+	}
 	frozen, err := o.undo(ctx, s, in, &res, true)
 	if err != nil {
 		return res, fmt.Errorf("rollback sandbox %q to %s: %w", id, in.Target, err)

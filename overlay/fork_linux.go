@@ -5,6 +5,7 @@ package overlay
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -38,6 +39,13 @@ func (s *Store) RestoreInto(ctx context.Context, id string, req RollbackRequest)
 	}
 	if err := walkNames(fds.upper, "", changed); err != nil {
 		return nil, fmt.Errorf("walk the upper dir: %w", err)
+	}
+	// The runtime's own mount points (DefaultVerifySkip: .deltabox, proc, sys, dev) are
+	// made by each sandbox's runtime, and may be read-only bind mounts: left alone.
+	for p := range changed {
+		if underAny(p, DefaultVerifySkip()) {
+			delete(changed, p)
+		}
 	}
 	v, err := newView(target, req.Lower)
 	if err != nil {
@@ -84,6 +92,16 @@ func (m idShift) moveTo(to idShift, st map[string]*Entry) map[string]*Entry {
 		out[p] = &c
 	}
 	return out
+}
+
+// underAny reports whether path p is one of roots or below one.
+func underAny(p string, roots []string) bool {
+	for _, r := range roots {
+		if p == r || strings.HasPrefix(p, r+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // walkNames adds every path under directory rel of root (an upper dir) to set, never

@@ -161,6 +161,7 @@ func (p *Proxy) RemoveSandbox(sandboxID string) error {
 	if err := checkID(sandboxID); err != nil {
 		return err
 	}
+	p.forgetRecordings(sandboxID)
 	p.mu.Lock()
 	j := p.journals[sandboxID]
 	delete(p.journals, sandboxID)

@@ -82,6 +82,10 @@ func (p *Proxy) act(w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *ta
 	ctx := withPinned(r.Context(), addrs)
 	switch d.action {
 	case ActionPass:
+		if d.rule != nil && d.rule.Record {
+			p.passRecorded(ctx, w, r, sb, tgt, rl)
+			return
+		}
 		p.pass(ctx, w, r, sb, tgt, rl)
 	case ActionHold:
 		p.hold(ctx, w, r, sb, tgt, d, rl)

@@ -40,6 +40,7 @@ type Rule struct {
 	Methods    []string
 	PathPrefix string
 	Action     Action
+	Record     bool                // pass only: keep the upstream's answers for replay (replay.go)
 	Response   *SyntheticResponse  // hold only: the answer the sandbox gets
 	Compensate *CompensateTemplate // compensate only
 	Line       int                 // line of the rule in the policy source
@@ -73,6 +74,7 @@ type rawRule struct {
 	Methods    []string       `yaml:"methods"`
 	PathPrefix string         `yaml:"path_prefix"`
 	Action     string         `yaml:"action"`
+	Record     bool           `yaml:"record"`
 	Response   *rawResponse   `yaml:"response"`
 	Compensate *rawCompensate `yaml:"compensate"`
 }
@@ -196,6 +198,10 @@ func buildRuleAction(r *Rule, rr rawRule) error {
 	if rr.Response != nil && r.Action != ActionHold {
 		return fmt.Errorf("response is only allowed with action hold")
 	}
+	if rr.Record && r.Action != ActionPass {
+		return fmt.Errorf("record is only allowed with action pass")
+	}
+	r.Record = rr.Record
 	if (rr.Compensate != nil) != (r.Action == ActionCompensate) {
 		return fmt.Errorf("action compensate needs a compensate block, and only it may have one")
 	}

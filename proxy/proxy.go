@@ -41,6 +41,7 @@ type Proxy struct {
 	roots      *x509.CertPool
 	metrics    *metrics
 	journalDir string
+	rec        recorder // kept answers for replay (replay.go)
 
 	mu         sync.RWMutex
 	byIP       map[netip.Addr]*sandbox

@@ -101,12 +101,13 @@ func rollbackCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "to", Usage: "checkpoint anywhere in the tree: ID, name, @, @~N or lease (default: @, the head)"},
 			&cli.BoolFlag{Name: "force", Usage: "roll back past the last commit (its effects stay sent)"},
+			&cli.BoolFlag{Name: "replay", Usage: "from now on, requests of record rules get the recorded answers (docs/time-travel.md)"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := exactArgs(c, 1, "ID"); err != nil {
 				return err
 			}
-			res, err := newClient(c).Rollback(c.Context, c.Args().First(), api.RollbackRequest{To: c.String("to"), Force: c.Bool("force")})
+			res, err := newClient(c).Rollback(c.Context, c.Args().First(), api.RollbackRequest{To: c.String("to"), Force: c.Bool("force"), Replay: c.Bool("replay")})
 			if err != nil {
 				return err
 			}

@@ -43,6 +43,7 @@ func forkCommand() *cli.Command {
 			&cli.IntFlag{Name: "count", Value: 2, Usage: "number of forks"},
 			&cli.StringFlag{Name: "to", Usage: "object store URI for the snapshot (default: the daemon's)"},
 			&cli.BoolFlag{Name: "keep-snapshot", Usage: "keep the snapshot the fork pushes (default: removed once the forks are restored)"},
+			&cli.BoolFlag{Name: "replay", Usage: "with --from: the forks replay the source's recorded answers (docs/time-travel.md)"},
 			&cli.StringFlag{Name: "from", Usage: "fork from this checkpoint on this node, without a snapshot: files and state, fresh processes (docs/time-travel.md)"},
 		},
 		Action: runFork,
@@ -145,7 +146,7 @@ func runFork(c *cli.Context) error {
 	if err := exactArgs(c, 1, "ID"); err != nil {
 		return err
 	}
-	req := api.SnapshotRequest{To: c.String("to"), Count: c.Int("count"), KeepSnapshot: c.Bool("keep-snapshot"), From: c.String("from")}
+	req := api.SnapshotRequest{To: c.String("to"), Count: c.Int("count"), KeepSnapshot: c.Bool("keep-snapshot"), From: c.String("from"), Replay: c.Bool("replay")}
 	leases, err := newClient(c).ForkWith(c.Context, c.Args().First(), req, progressPrinter(c))
 	if err != nil {
 		return err

@@ -80,12 +80,13 @@ func gotoCommand() *cli.Command {
 		ArgsUsage: "ID CKPT",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "force", Usage: "move behind the last commit (its effects stay sent)"},
+			&cli.BoolFlag{Name: "replay", Usage: "from now on, requests of record rules get the recorded answers (docs/time-travel.md)"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := exactArgs(c, 2, "ID CKPT"); err != nil {
 				return err
 			}
-			res, err := newClient(c).Rollback(c.Context, c.Args().Get(0), api.RollbackRequest{To: c.Args().Get(1), Force: c.Bool("force")})
+			res, err := newClient(c).Rollback(c.Context, c.Args().Get(0), api.RollbackRequest{To: c.Args().Get(1), Force: c.Bool("force"), Replay: c.Bool("replay")})
 			if err != nil {
 				return err
 			}

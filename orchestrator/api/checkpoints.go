@@ -76,6 +76,9 @@ type RollbackRequest struct {
 	// up from the head) or "lease". Default: the head. Any checkpoint of the tree.
 	To    string `json:"to,omitempty"`
 	Force bool   `json:"force,omitempty"`
+	// Replay: requests the egress policy records get the answers recorded for identical
+	// requests instead of new ones, until a rollback without it (docs/time-travel.md).
+	Replay bool `json:"replay,omitempty"`
 }
 
 // RollbackResult reports what a rollback undid.

@@ -14,6 +14,8 @@ type SnapshotRequest struct {
 	// lease) on this node, without a snapshot: the forks get its files, state and a fresh
 	// identity, their processes start fresh (docs/time-travel.md).
 	From string `json:"from,omitempty"`
+	// Replay (with From): the forks get the source's recorded answers and replay them.
+	Replay bool `json:"replay,omitempty"`
 }
 
 // RestoreRequest is the body of POST /v1/restore.
