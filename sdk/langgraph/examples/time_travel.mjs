@@ -40,7 +40,7 @@ const ls = async (sb) => (await sb.exec("ls /work")).text.split(/\s+/).filter(Bo
 const client = new Client();
 const sandbox = await client.lease(args.pool);
 try {
-  const saver = new DeltaBoxSaver(sandbox);
+  const saver = new DeltaBoxSaver(sandbox, { pin: (md) => md.source === "input" }); // retention keeps run starts
   const graph = buildGraph(sandbox, saver);
   // durability "sync": each step's checkpoint is stored (and the sandbox checkpointed) before
   // the next step starts, so the sandbox checkpoint holds exactly that step's files.
@@ -69,6 +69,9 @@ try {
   // The first run's branch is still in the tree: going to its last checkpoint brings its files back.
   await saver.moveTo(history[0].config);
   console.log("files back at the end of run 1:", await ls(sandbox));
+
+  const pinned = (await sandbox.checkpoints()).filter((c) => c.pinned).length;
+  console.log(`pinned sandbox checkpoints (run starts): ${pinned}`);
 
   let count = 0;
   for await (const _ of graph.getStateHistory(thread)) count++;

@@ -58,6 +58,13 @@ export interface DeltaBoxSaverOptions {
    * sandbox is already there. With false the sandbox is only moved by `moveTo`.
    */
   moveOnRead?: boolean;
+  /**
+   * Pin the DeltaBox checkpoints taken with LangGraph checkpoints, so that the daemon's
+   * retention ([checkpoints] retain, 64 per sandbox by default) never drops them: true for all,
+   * or a function of the LangGraph checkpoint's metadata (e.g. only "input" checkpoints).
+   * Default false: going back further than retention keeps fails with failed_precondition.
+   */
+  pin?: boolean | ((metadata: CheckpointMetadata) => boolean);
 }
 
 function key(thread: string, ns: string, id: string): string {
@@ -91,6 +98,7 @@ export class DeltaBoxSaver extends BaseCheckpointSaver {
   readonly sandbox: Sandbox;
   readonly pointer: string;
   readonly moveOnRead: boolean;
+  private readonly pin: (metadata: CheckpointMetadata) => boolean;
   private queue: Promise<unknown> = Promise.resolve();
   private ready = false;
 
@@ -102,6 +110,8 @@ export class DeltaBoxSaver extends BaseCheckpointSaver {
       throw new InvalidArgumentError(`pointer ${JSON.stringify(this.pointer)}: want a JSON pointer below the document's root, like "/langgraph"`);
     }
     this.moveOnRead = opts.moveOnRead ?? true;
+    const pin = opts.pin ?? false;
+    this.pin = typeof pin === "function" ? pin : () => pin;
   }
 
   /** Run fn after every operation started before it (one at a time per saver). */
@@ -288,7 +298,7 @@ export class DeltaBoxSaver extends BaseCheckpointSaver {
         { op: "add", path: base, value: r },
         { op: "replace", path: `${this.pointer}/head`, value: { thread, ns, id } },
       ]);
-      const ck = await this.sandbox.checkpoint({ message: `langgraph ${k}` });
+      const ck = await this.sandbox.checkpoint({ message: `langgraph ${k}`, pin: this.pin(metadata) });
       await this.sandbox.patchState({ op: "replace", path: `${base}/deltabox`, value: ck.checkpoint });
       return { configurable: { thread_id: thread, checkpoint_ns: ns, checkpoint_id: id } };
     });
