@@ -26,6 +26,7 @@ run -bench 'LeaseVsCtrRun' -benchtime 200x ./integration/
 run -bench 'ExecVsCtrExec' -benchtime 400x ./integration/
 run -bench 'Refill' -benchtime 5x ./integration/
 run -bench 'CheckpointRollback' -benchtime 200x ./integration/
+run -bench 'UserNamespaceCost' -benchtime 100x ./integration/
 run -bench 'L3SnapshotRestore' -benchtime 10x ./integration/
 run -bench 'ProcessRollback' -benchtime 50x ./integration/
 run -bench 'RLLoop' -benchtime 1000x -timeout 30m ./integration/
