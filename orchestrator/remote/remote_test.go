@@ -69,6 +69,10 @@ func TestTokensRotateAndFailClosed(t *testing.T) {
 	if ok, reload := tk.Valid(tokenB); ok || reload == nil || !strings.Contains(reload.Error(), "line 1") {
 		t.Fatalf("a broken tokens file: ok %v, reload error %v", ok, reload)
 	}
+	time.Sleep(statInterval + 10*time.Millisecond)
+	if ok, reload := tk.Valid(tokenB); ok || reload != nil {
+		t.Fatalf("a tokens file still broken: ok %v, reload error reported again: %v", ok, reload)
+	}
 	writeTokens(t, path, tokenB)
 	if !valid(t, tk, tokenB) {
 		t.Fatal("the fixed file should be read again")

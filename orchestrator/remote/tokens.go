@@ -31,6 +31,8 @@ type Tokens struct {
 	hashes [][32]byte
 	// checked is when the file was last stat'ed: at most one stat per interval.
 	checked time.Time
+	// failing is the error of the last read, while the file stays unusable (reported once).
+	failing string
 }
 
 type fileStamp struct {
@@ -65,7 +67,8 @@ func (t *Tokens) Len() int {
 
 // Valid reports whether token is one of the accepted tokens (in time independent of which, or
 // of how much of it matches). A changed file is read again first; a changed file that cannot be
-// read, or holds no token, accepts nothing until it is fixed, and reload says why.
+// read, or holds no token, accepts nothing until it is fixed, and reload says why (once per
+// distinct failure, not on every request).
 func (t *Tokens) Valid(token string) (ok bool, reload error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -95,13 +98,17 @@ func (t *Tokens) refresh() error {
 	if err == nil {
 		var hashes [][32]byte
 		if hashes, err = readTokens(t.path); err == nil {
-			t.stamp, t.hashes = st, hashes
+			t.stamp, t.hashes, t.failing = st, hashes, ""
 			return nil
 		}
 	}
 	// Fail closed: a tokens file that went bad accepts nothing (a revoked token must not
 	// live on because the file that revoked it has a typo).
 	t.stamp, t.hashes = fileStamp{}, nil
+	if err.Error() == t.failing {
+		return nil
+	}
+	t.failing = err.Error()
 	return err
 }
 
