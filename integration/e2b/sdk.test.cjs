@@ -52,6 +52,11 @@ test('create, info and list', async (t) => {
   assert.ok(info.endAt > info.startedAt)
   const items = await Sandbox.list({ query: { metadata: { purpose: 'e2b-test' } } }).nextItems()
   assert.ok(items.some((s) => s.sandboxId === sb.sandboxId), 'list shows the sandbox')
+  const second = await create(t, { metadata: { purpose: 'e2b-test' } })
+  const pages = Sandbox.list({ limit: 1, query: { metadata: { purpose: 'e2b-test' } } })
+  const seen = []
+  while (pages.hasNext) seen.push(...(await pages.nextItems()).map((s) => s.sandboxId))
+  assert.deepEqual(seen.sort(), [sb.sandboxId, second.sandboxId].sort(), 'one sandbox a page, each once')
   assert.equal(await sb.isRunning(), true)
   const [m] = await sb.getMetrics()
   assert.ok(m.memUsed > 0 && m.diskTotal > 0 && m.cpuCount >= 1, JSON.stringify(m))

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,6 +65,7 @@ func (g *Gateway) auth(fn func(r *http.Request, tenant string) (int, any, error)
 			writeAPIError(w, err)
 			return
 		}
+		r = r.WithContext(context.WithValue(r.Context(), headerKey{}, w.Header()))
 		status, v, err := fn(r, tenant)
 		if err != nil {
 			writeAPIError(w, err)
@@ -138,6 +141,13 @@ func (g *Gateway) listSandboxes(r *http.Request, tenant string) (int, any, error
 	if err != nil {
 		return 0, nil, err
 	}
+	var after time.Time
+	if s := q.Get("startedAfter"); s != "" {
+		if after, err = time.Parse(time.RFC3339Nano, s); err != nil {
+			return 0, nil, fmt.Errorf("startedAfter %q: want RFC 3339: %w", s, errdefs.ErrInvalidArgument)
+		}
+	}
+	template := q.Get("template")
 	g.mu.Lock()
 	var sbs []*sandbox
 	for _, sb := range g.sandboxes {
@@ -148,13 +158,53 @@ func (g *Gateway) listSandboxes(r *http.Request, tenant string) (int, any, error
 	g.mu.Unlock()
 	out := []sandboxListed{}
 	for _, sb := range sbs {
-		if !g.forgetGone(sb) && sb.matches(states, meta) {
+		if !g.forgetGone(sb) && sb.matches(states, meta) && (template == "" || sb.template == template) && sb.started.After(after) {
 			out = append(out, sb.listed(false))
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].StartedAt < out[j].StartedAt })
-	return http.StatusOK, out, nil
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].StartedAt != out[j].StartedAt {
+			return out[i].StartedAt < out[j].StartedAt
+		}
+		return out[i].SandboxID < out[j].SandboxID
+	})
+	if q.Get("order") == "desc" {
+		for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+			out[i], out[j] = out[j], out[i]
+		}
+	}
+	return page(r, out)
 }
+
+// page cuts a list to ?limit= items from ?nextToken= (an offset), and names the next page in
+// the x-next-token header, as the SDK's paginator reads it.
+func page(r *http.Request, all []sandboxListed) (int, any, error) {
+	q := r.URL.Query()
+	from := 0
+	if tok := q.Get("nextToken"); tok != "" {
+		n, err := strconv.Atoi(tok)
+		if err != nil || n < 0 {
+			return 0, nil, fmt.Errorf("nextToken %q: %w", tok, errdefs.ErrInvalidArgument)
+		}
+		from = min(n, len(all))
+	}
+	to := len(all)
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 {
+			return 0, nil, fmt.Errorf("limit %q: want a positive number: %w", l, errdefs.ErrInvalidArgument)
+		}
+		to = min(from+n, len(all))
+	}
+	if to < len(all) {
+		w := r.Context().Value(headerKey{}).(http.Header)
+		w.Set("X-Next-Token", strconv.Itoa(to))
+	}
+	return http.StatusOK, all[from:to], nil
+}
+
+// headerKey carries the response's header map to handlers that set headers.
+type headerKey struct{}
 
 // metadataQuery parses the list filter: a query string of key=value pairs, each encoded.
 func metadataQuery(s string) (map[string]string, error) {

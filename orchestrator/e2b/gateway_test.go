@@ -157,6 +157,45 @@ const (
 	keyB = "tenant-b-key-0123456789"
 )
 
+func TestListPages(t *testing.T) {
+	f := newFake(t)
+	srv := newTestGateway(t, f, Options{})
+	for i := 0; i < 3; i++ {
+		create(t, srv, keyA)
+	}
+	var ids []string
+	tok := ""
+	for page := 0; page < 5; page++ {
+		req, _ := http.NewRequest("GET", srv.URL+"/v2/sandboxes?limit=2&nextToken="+tok, nil)
+		req.Header.Set("X-API-KEY", keyA)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var items []sandboxListed
+		json.NewDecoder(resp.Body).Decode(&items)
+		resp.Body.Close()
+		for _, it := range items {
+			ids = append(ids, it.SandboxID)
+		}
+		if tok = resp.Header.Get("X-Next-Token"); tok == "" {
+			break
+		}
+	}
+	if len(ids) != 3 || ids[0] == ids[1] || ids[1] == ids[2] {
+		t.Errorf("pages gave %v, want the 3 sandboxes once each", ids)
+	}
+	if _, body := call(t, "GET", srv.URL+"/v2/sandboxes?template=other", keyA, nil); strings.TrimSpace(string(body)) != "[]" {
+		t.Errorf("template filter: %s", body)
+	}
+	if _, body := call(t, "GET", srv.URL+"/v2/sandboxes?startedAfter="+time.Now().Add(time.Hour).UTC().Format(time.RFC3339), keyA, nil); strings.TrimSpace(string(body)) != "[]" {
+		t.Errorf("startedAfter filter: %s", body)
+	}
+	if status, _ := call(t, "GET", srv.URL+"/v2/sandboxes?limit=0", keyA, nil); status != http.StatusBadRequest {
+		t.Errorf("limit=0: %d", status)
+	}
+}
+
 func TestReleasedElsewhereIsForgotten(t *testing.T) {
 	f := newFake(t)
 	srv := newTestGateway(t, f, Options{})
