@@ -83,7 +83,7 @@ on a test machine; \`DiskImage\` shows what the size costs.
 | L3 frozen <= 300 ms; restore from the local store <= 500 ms; push + restore no slower than ctr checkpoint + restore (6) | l3-frozen-*, l3-restore-*, ctr/(push+restore)-x | integration L3SnapshotRestore |
 | upload/download to local versitygw >= 200 MB/s (6) | MB/s | objectstore/s3 Put, Get |
 | 200 tasks x 5 steps, 20% failing once, 16 in parallel; per-step overhead vs no checkpoints (7) | run-s, no-checkpoints-s, slowdown-x, overhead-per-step-ms, effects-* | integration Pipeline |
-| pipeline through Temporal: dispatch overhead per step vs a local run on one node; throughput of 3 nodes vs 1 (18) | local-s, temporal-1node-s, temporal-3nodes-s, dispatch-overhead-per-step-ms, throughput-3v1-x | integration TemporalPipeline |
+| pipeline through Temporal: dispatch overhead per step vs a local run on one node; throughput of 3 nodes vs 1 (18) | local-s, temporal-1node-s, temporal-3nodes-s, dispatch-overhead-per-step-ms, throughput-3v1-x, temporal-roundtrip-ms | integration TemporalPipeline |
 | state patch and exec true through the Python SDK <= 1 ms over the Go client (16) | patch-py-over-go-ms, exec-py-over-go-ms | integration PythonSDKOverhead |
 | the same through the TypeScript SDK (16, same bound) | patch-ts-over-go-ms, exec-ts-over-go-ms | integration PythonSDKOverhead |
 | e2b SDK \`Sandbox.create()\` p50 <= 20 ms and \`commands.run('true')\` p50 <= 10 ms, against the DeltaBox TypeScript SDK's lease and exec in the same Node process (17) | e2b-create-p50-ms vs sdk-lease-p50-ms, e2b-run-p50-ms vs sdk-exec-p50-ms | integration E2BSDK |

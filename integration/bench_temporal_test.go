@@ -1,12 +1,20 @@
 package integration
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
 
 	"github.com/deltabox/deltabox/internal/testutil"
 	"github.com/deltabox/deltabox/pipeline"
@@ -16,8 +24,9 @@ import (
 // gains (docs/scale-out.md): 24 tasks x 5 steps of `sleep 0.2`, with the same capacity per
 // node (4 sandboxes), run (1) locally on node 1 with --parallel 4, (2) through Temporal on
 // node 1 alone (its own task queue), (3) through Temporal on three nodes. It reports the
-// dispatch overhead per step (2 against 1, as one of the 4 workers sees it) and the
-// throughput of three nodes against one.
+// dispatch overhead per step (2 against 1, as one of the 4 workers sees it), the throughput
+// of three nodes against one, and Temporal's own round trip for one no-op activity on the
+// same server (the floor of the dispatch overhead).
 func BenchmarkTemporalPipeline(b *testing.B) {
 	e1 := requireEnv(b)
 	e2 := env{bin: e1.bin, containerd: testutil.RequiresEnv(b, "DELTABOX_CONTAINERD2_ADDRESS")}
@@ -71,4 +80,43 @@ func BenchmarkTemporalPipeline(b *testing.B) {
 	b.ReportMetric(three.Seconds()/n, "temporal-3nodes-s")
 	b.ReportMetric(float64(one-local)/n/float64(tasks*steps)/float64(time.Millisecond)*perNode, "dispatch-overhead-per-step-ms")
 	b.ReportMetric(float64(one)/float64(three), "throughput-3v1-x")
+	b.ReportMetric(temporalRoundTrip(b, addr), "temporal-roundtrip-ms")
+}
+
+// noopWorkflow runs n no-op activities one after another.
+func noopWorkflow(ctx workflow.Context, n int) error {
+	ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute})
+	for range n {
+		if err := workflow.ExecuteActivity(ctx, "noop").Get(ctx, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// temporalRoundTrip is the baseline of the dispatch overhead: one no-op activity scheduled
+// by a workflow and run by an in-process worker on the same dev server, in milliseconds.
+func temporalRoundTrip(b *testing.B, addr string) float64 {
+	tc, err := client.Dial(client.Options{HostPort: addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tc.Close()
+	w := worker.New(tc, "noop", worker.Options{})
+	w.RegisterWorkflow(noopWorkflow)
+	w.RegisterActivityWithOptions(func(context.Context) error { return nil }, activity.RegisterOptions{Name: "noop"})
+	if err := w.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	const n = 50
+	start := time.Now()
+	run, err := tc.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{TaskQueue: "noop"}, noopWorkflow, n)
+	if err == nil {
+		err = run.Get(context.Background(), nil)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return float64(time.Since(start).Microseconds()) / 1000 / n
 }
