@@ -197,6 +197,9 @@ func (sb *sandbox) expire() {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	ctx = log.WithLogger(ctx, log.L(ctx).With("sandbox", sb.id))
+	if sb.isPaused() { // paused meanwhile: a paused sandbox has no timeout running
+		return
+	}
 	if sb.autoPause {
 		if err := sb.pause(ctx); err != nil {
 			log.L(ctx).Error("e2b timeout: pause failed; releasing", "error", err)
