@@ -157,8 +157,8 @@ func openRollbackRoots(req RollbackRequest) (rollbackRoots, error) {
 	return rollbackRoots{merged: m, upper: u}, nil
 }
 
-// changedBetween returns every path that may differ between the upper dir now and the
-// target at chain position pos: the paths recorded by the checkpoints from the head up to
+// changedBetween returns every path (but the runtime's mount points) that may differ between
+// the upper dir now and the target at chain position pos: the paths recorded by the checkpoints from the head up to
 // the common ancestor and down to the target, and those changed in the upper dir since the
 // head. A self-contained checkpoint on the way records no "gone" entries, so then every path
 // of the head's and the target's state counts as changed.
@@ -184,6 +184,14 @@ func (s *Store) changedBetween(pos int, target map[string]*Entry, res *scanResul
 	}
 	for _, p := range res.gone {
 		set[p] = true
+	}
+	// The runtime's mount points (DefaultVerifySkip: .deltabox with its read-only SDK and
+	// run dir, proc, sys, dev) show their mounts in the merged tree, not the overlay: never
+	// restored (a read-only bind mount cannot be, and need not be).
+	for p := range set {
+		if underAny(p, DefaultVerifySkip()) {
+			delete(set, p)
+		}
 	}
 	return set
 }
