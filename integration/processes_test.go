@@ -362,3 +362,52 @@ func TestProcessTemplatesMemoryBound(t *testing.T) {
 		t.Errorf("rollback to the newest: %+v, step = %s", rb, got)
 	}
 }
+
+// TestProcessCheckpointFallsBackToCRIU: a checkpoint with processes of a sandbox running a
+// multi-threaded process (a Python REPL with a running thread), which a template cannot copy,
+// is taken by CRIU instead (l3, every process kept "criu", the reason naming the process);
+// a rollback restores the REPL's objects and its thread, twice. In a sandbox with a user
+// namespace (no L3 there) the same process is listed as not kept, with the reason.
+func TestProcessCheckpointFallsBackToCRIU(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("py3", pythonImage, 1, "--no-userns")
+	id := d.lease("py3").ID
+	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
+	py := startPiped(d, id, "py", "python3 /repl.py")
+	py.ask("import threading, time; ticks = [0]")
+	py.ask("t = threading.Thread(target=lambda: [ticks.__setitem__(0, ticks[0] + 1) or time.sleep(0.01) for _ in iter(int, 1)], daemon=True); t.start()")
+	py.ask("x = 1")
+	var ck api.Checkpoint
+	d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+	if ck.Level != api.LevelL3 || len(ck.Processes) != 1 || ck.Processes[0].Kept != api.KeptCRIU || !strings.Contains(ck.Processes[0].Reason, "threads") {
+		t.Fatalf("checkpoint of a sandbox with a multi-threaded process: level %s, %+v", ck.Level, ck.Processes)
+	}
+	for round := 1; round <= 2; round++ {
+		py.ask("x = 2; y = 3")
+		var rb api.RollbackResult
+		d.cliJSON(&rb, "rollback", id, "--to", ck.ID)
+		if rb.ProcessesRestored != 1 {
+			t.Errorf("round %d: %+v", round, rb)
+		}
+		if got := py.ask("(x, 'y' in globals(), t.is_alive(), threading.active_count())"); got != "(1, False, True, 2)" {
+			t.Errorf("round %d: REPL after the CRIU rollback says %s, want (1, False, True, 2)", round, got)
+		}
+		before := py.ask("ticks[0]")
+		time.Sleep(100 * time.Millisecond)
+		if after := py.ask("ticks[0]"); after == before {
+			t.Errorf("round %d: the REPL's thread does not run after the rollback (ticks %s)", round, after)
+		}
+	}
+
+	// With a user namespace there is no CRIU: the process is reported, not silently left out.
+	d.createPool("py", pythonImage, 1)
+	id2 := d.lease("py").ID
+	d.cli("exec", id2, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
+	py2 := startPiped(d, id2, "py", "python3 /repl.py")
+	py2.ask("import threading, time; t = threading.Thread(target=time.sleep, args=(1000,), daemon=True); t.start()")
+	d.cliJSON(&ck, "checkpoint", "create", id2, "--processes")
+	if ck.Level != api.LevelL1 || len(ck.Processes) != 1 || ck.Processes[0].Kept != api.KeptNone ||
+		!strings.Contains(ck.Processes[0].Reason, "multi-threaded") || !strings.Contains(ck.Processes[0].Reason, "user namespace") {
+		t.Fatalf("checkpoint with processes in a user namespace: level %s, %+v", ck.Level, ck.Processes)
+	}
+}

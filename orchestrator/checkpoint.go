@@ -82,17 +82,27 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 		rec.Parent = l.ID
 	}
 	var tpls map[int]*proctpl.Template
+	fallback, noFallback := "", ""
+	if withProcs && rec.Level != api.LevelL3 {
+		if fallback, noFallback = o.criuFallback(s); fallback != "" { // the whole sandbox goes to CRIU
+			rec.Level, level = api.LevelL3, overlay.L2
+			log.L(ctx).Info("checkpoint with processes falls back to CRIU", "sandbox", s.id, "reason", fallback)
+		}
+	}
 	cut := o.cut
 	switch {
 	case rec.Level == api.LevelL3:
 		cut = o.cutL3
 	case withProcs:
-		cut = o.cutWithProcesses(&tpls)
+		cut = o.cutWithProcesses(&tpls, noFallback)
 	}
 	frozen, pending, err := cut(ctx, s, level, &rec)
 	s.dumped = s.dumped || rec.Level == api.LevelL3
 	if err != nil {
 		return api.Checkpoint{}, err
+	}
+	if fallback != "" {
+		rec.ProcCkpt = s.criuEntries(rec.Procs, fallback)
 	}
 	if req.Async {
 		locked = false

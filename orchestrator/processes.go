@@ -72,7 +72,7 @@ func (o *Orchestrator) wantsProcesses(s *session, req api.CheckpointRequest) (bo
 // the templates of earlier checkpoints; they stop for the tracer as soon as they are thawed,
 // before running on (the cut stays the frozen one). A process that cannot be seized is
 // recorded with the reason.
-func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc) *procCut {
+func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc, noFallback string) *procCut {
 	pc := &procCut{}
 	tpls := s.templatePids()
 	for _, p := range procs {
@@ -85,7 +85,10 @@ func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc) *procCut {
 		if err != nil {
 			e.Kept, e.Reason = api.KeptNone, err.Error()
 			if errors.Is(err, proctpl.ErrMultiThreaded) {
-				e.Reason = "multi-threaded: a template copies one thread (no CRIU fallback yet)"
+				e.Reason = "multi-threaded: a template copies one thread; no CRIU fallback: " + noFallback
+				if noFallback == "" {
+					e.Reason += "it started a thread during the checkpoint"
+				}
 			}
 		}
 		pc.entries = append(pc.entries, e)
@@ -328,7 +331,7 @@ type cutFunc func(ctx context.Context, s *session, level overlay.Level, rec *ckp
 // and interrupted; after the thaw each stops for the tracer before running on, gets its
 // template and is resumed. The window reported runs from the freeze to the last resume. The
 // templates go to *out.
-func (o *Orchestrator) cutWithProcesses(out *map[int]*proctpl.Template) cutFunc {
+func (o *Orchestrator) cutWithProcesses(out *map[int]*proctpl.Template, noFallback string) cutFunc {
 	return func(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, pendingFiles, error) {
 		start := time.Now()
 		if err := s.frz.Freeze(ctx); err != nil {
@@ -340,7 +343,7 @@ func (o *Orchestrator) cutWithProcesses(out *map[int]*proctpl.Template) cutFunc 
 			_ = o.thaw(ctx, s)
 			return 0, nil, err
 		}
-		pc := o.seizeProcesses(s, procs)
+		pc := o.seizeProcesses(s, procs, noFallback)
 		pending, err := o.capture(ctx, s, level, rec)
 		if err == nil {
 			err = failpoint.Inject("checkpoint/captured")

@@ -133,7 +133,11 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 	s.pending = nil
 	target := s.ckpts[s.find(in.Target)]
 	if target.Level == api.LevelL3 {
-		return time.Since(frozenAt), o.restoreProcesses(ctx, s, target)
+		err := o.restoreProcesses(ctx, s, target)
+		if err == nil && target.ProcCkpt != nil { // a checkpoint with processes kept by CRIU
+			res.ProcessesRestored = len(target.ProcCkpt.Procs)
+		}
+		return time.Since(frozenAt), err
 	}
 	if err := o.thaw(ctx, s); err != nil {
 		return 0, err

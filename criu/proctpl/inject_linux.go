@@ -140,6 +140,9 @@ func syscallInVDSO(pid int) (uint64, error) {
 	return 0, fmt.Errorf("process %d: no syscall instruction in its vDSO: %w", pid, errdefs.ErrNotImplemented)
 }
 
+// Threads reads the thread count of pid.
+func Threads(pid int) (int, error) { return threads(pid) }
+
 // threads reads the thread count of pid.
 func threads(pid int) (int, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
