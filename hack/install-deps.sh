@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything DeltaBox needs on a Debian 12 host (docs/design.md, "The stack"):
 # apt packages, containerd + shim + ctr, runc, CRIU (built from Debian trixie's
-# source), CNI plugins, versitygw and staticcheck. Idempotent: binaries are
+# source), CNI plugins, versitygw, the distribution registry and staticcheck. Idempotent: binaries are
 # cached under /var/cache/deltabox/bin and a second run only checks versions.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -126,6 +126,8 @@ install_go_tools() {
 	go_tool cni-plugins "${cni}" "${CNI_PLUGINS_VERSION}" "${CNI_DIR}" "" "${specs[@]}"
 	go_tool versitygw github.com/versity/versitygw "${VERSITYGW_VERSION}" "${BIN_DIR}" "" \
 		"github.com/versity/versitygw/cmd/versitygw:versitygw"
+	go_tool distribution-registry github.com/distribution/distribution/v3 "${DISTRIBUTION_VERSION}" "${BIN_DIR}" "" \
+		"github.com/distribution/distribution/v3/cmd/registry:distribution-registry"
 	go_tool staticcheck honnef.co/go/tools "${STATICCHECK_VERSION}" "${BIN_DIR}" "" \
 		"honnef.co/go/tools/cmd/staticcheck:staticcheck"
 }
@@ -215,6 +217,7 @@ verify() {
 	check_go_bin versitygw github.com/versity/versitygw "${VERSITYGW_VERSION}"
 	out=$(versitygw --version 2>&1)
 	log "versitygw: ${out//$'\n'/; }"
+	check_go_bin distribution-registry github.com/distribution/distribution/v3 "${DISTRIBUTION_VERSION}"
 	check_go_bin staticcheck honnef.co/go/tools "${STATICCHECK_VERSION}"
 	out=$(staticcheck -version)
 	log "staticcheck: ${out}"

@@ -120,13 +120,14 @@ func (r *runtime) newInstance(cid string, pid uint32) *instance {
 	return inst
 }
 
-// image returns the image ref, unpacked for the snapshotter; a missing image is NotFound.
+// image returns the image ref, unpacked for the snapshotter; an image containerd does not
+// have is pulled from its registry (pull.go); one that cannot be pulled is NotFound.
 func (r *runtime) image(ctx context.Context, ref string) (containerd.Image, error) {
 	img, err := r.client.GetImage(ctx, ref)
+	if errdefs.IsNotFound(err) {
+		img, err = r.pull(ctx, ref)
+	}
 	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return nil, fmt.Errorf("image %q not found in containerd (build it with hack/images.sh or import it with ctr): %w", ref, errdefs.ErrNotFound)
-		}
 		return nil, fmt.Errorf("get image %q: %w", ref, err)
 	}
 	ok, err := img.IsUnpacked(ctx, r.snapshotter)
