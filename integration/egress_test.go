@@ -134,6 +134,18 @@ func TestEgressHoldCommitRollback(t *testing.T) {
 	if statuses["released"] != 1 || statuses["dropped"] != 1 || u.count("POST /items") != 1 {
 		t.Fatalf("effects after commit: %v (upstream POSTs %d)", statuses, u.count("POST /items"))
 	}
+	// effects show prints what the sandbox sent: headers (credentials redacted) and body.
+	d.cli("exec", id, "--", "curl", "-sS", "-m", "10", "-X", "POST", "-H", "Authorization: Bearer s3cret",
+		"-H", "X-Trace: t-1", "-d", "shown=body", u.plain.URL+"/shown")
+	d.cliJSON(&effects, "effects", "ls", id, "--status", "held")
+	if len(effects) != 1 {
+		t.Fatalf("held effects: %+v", effects)
+	}
+	shown := d.cli("effects", "show", id, effects[0].ID)
+	mustContain(t, "effects show", shown, "POST "+u.plain.URL+"/shown", "X-Trace: t-1", "Authorization: [redacted]", "shown=body")
+	if strings.Contains(shown, "s3cret") {
+		t.Fatalf("effects show printed a credential:\n%s", shown)
+	}
 }
 
 func TestEgressBusyboxWget(t *testing.T) {

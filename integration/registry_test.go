@@ -32,7 +32,9 @@ func TestPoolFromRegistry(t *testing.T) {
 	ctrNS("images", "tag", "--force", busyboxImage, ref)
 	ctrNS("images", "push", "--plain-http", ref)
 	ctrNS("images", "rm", ref) // the daemon must fetch it
-	t.Cleanup(func() { exec.Command("ctr", "--address", d.env.containerd, "-n", "deltabox", "images", "rm", ref).Run() })
+	t.Cleanup(func() {
+		exec.Command("ctr", "--address", d.env.containerd, "-n", "deltabox", "images", "rm", ref).Run()
+	})
 	d.cli("pool", "create", "pulled", "--image", ref, "--min-ready", "1", "--wait")
 	l := d.lease("pulled")
 	if out := d.cli("exec", l.ID, "echo", "from the registry"); out != "from the registry\n" {

@@ -46,6 +46,13 @@ func (o *Orchestrator) InspectEffect(ctx context.Context, id, effect string) (ap
 	}
 	for _, e := range all {
 		if e.ID == effect {
+			if rd, ok := o.effects.(requestDetailer); ok {
+				req, err := rd.Request(id, effect)
+				if err != nil {
+					return e, err
+				}
+				e.Request = &req
+			}
 			return e, nil
 		}
 	}

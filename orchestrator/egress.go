@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+	"unicode/utf8"
 
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -206,6 +207,28 @@ func (e proxyEffects) List(_ context.Context, sandbox string, from, to uint64) (
 			continue
 		}
 		out = append(out, apiEffect(x))
+	}
+	return out, nil
+}
+
+// requestDetailer is the optional part of Effects that shows an effect's request.
+type requestDetailer interface {
+	Request(sandbox, effect string) (api.EffectRequest, error)
+}
+
+func (e proxyEffects) Request(sandbox, effect string) (api.EffectRequest, error) {
+	d, err := e.p.EffectRequest(sandbox, effect)
+	if err != nil {
+		return api.EffectRequest{}, err
+	}
+	out := api.EffectRequest{Headers: map[string][]string(d.Header), Bytes: len(d.Body), Compacted: d.Compacted}
+	if out.Headers == nil {
+		out.Headers = map[string][]string{}
+	}
+	if utf8.Valid(d.Body) {
+		out.Body = string(d.Body)
+	} else {
+		out.BodyBase64 = d.Body
 	}
 	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"time"
 
@@ -183,4 +184,37 @@ func (p *Proxy) RemoveSandbox(sandboxID string) error {
 		return fmt.Errorf("remove journal of %s: %w", sandboxID, err)
 	}
 	return nil
+}
+
+// RequestDetail is what a sandbox sent for an effect, as journaled: for `deltabox effects
+// show`. Credentials (Authorization, Proxy-Authorization, Cookie) are redacted.
+type RequestDetail struct {
+	Method    string
+	URL       string
+	Header    http.Header
+	Body      []byte
+	Compacted bool // the journal dropped headers and body (the effect was settled long ago)
+}
+
+// redactedHeaders are shown as "[redacted]" by EffectRequest.
+var redactedHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie"}
+
+// EffectRequest returns the request an effect holds (or held); errdefs.ErrNotFound if the
+// sandbox or effect is unknown.
+func (p *Proxy) EffectRequest(sandboxID, effectID string) (RequestDetail, error) {
+	j, err := p.journalFor(context.Background(), sandboxID, false)
+	if err != nil {
+		return RequestDetail{}, err
+	}
+	se, err := j.load(&effectState{Effect: Effect{ID: effectID}})
+	if err != nil {
+		return RequestDetail{}, fmt.Errorf("effect %q of sandbox %s: %w", sanitize(effectID), sandboxID, err)
+	}
+	h := se.Request.Header.Clone()
+	for _, k := range redactedHeaders {
+		if _, ok := h[k]; ok {
+			h[k] = []string{"[redacted]"}
+		}
+	}
+	return RequestDetail{Method: se.Request.Method, URL: se.Request.URL, Header: h, Body: se.Request.Body, Compacted: se.Compacted}, nil
 }

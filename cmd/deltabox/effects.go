@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -53,6 +55,7 @@ func effectShow(c *cli.Context) error {
 	return printResult(c, e, func(w io.Writer) {
 		printEffects(w, []api.Effect{e})
 		printAttempts(w, e.History)
+		printEffectRequest(w, e)
 	})
 }
 
@@ -123,5 +126,36 @@ func printAttempts(w io.Writer, as []api.EffectAttempt) {
 	fmt.Fprintln(tw, "\nATTEMPT\tTIME\tSTATUS\tERROR")
 	for i, a := range as {
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\n", i+1, a.Time.Format(time.RFC3339Nano), a.Status, a.Error)
+	}
+}
+
+// printEffectRequest prints the request an effect holds: the request line, headers in
+// order, and the body (text, or its size when it is binary).
+func printEffectRequest(w io.Writer, e api.Effect) {
+	r := e.Request
+	if r == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nRequest:\n%s %s\n", e.Method, e.URL)
+	if r.Compacted {
+		fmt.Fprintln(w, "(headers and body dropped by the journal's compaction)")
+		return
+	}
+	keys := make([]string, 0, len(r.Headers))
+	for k := range r.Headers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		for _, v := range r.Headers[k] {
+			fmt.Fprintf(w, "%s: %s\n", k, v)
+		}
+	}
+	switch {
+	case r.Bytes == 0:
+	case r.BodyBase64 != nil:
+		fmt.Fprintf(w, "\n(%d bytes of binary body; -o json has it in body_base64)\n", r.Bytes)
+	default:
+		fmt.Fprintf(w, "\n%s\n", strings.TrimRight(r.Body, "\n"))
 	}
 }

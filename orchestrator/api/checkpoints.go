@@ -152,6 +152,20 @@ type Effect struct {
 	// Suspect: the sandbox's effect journal is damaged before this effect's state was last
 	// recorded, so that state may be wrong; commits are refused until the operator decides.
 	Suspect bool `json:"suspect,omitempty"`
+	// Request is what the sandbox sent (GET .../effects/{effect} only, not in lists).
+	Request *EffectRequest `json:"request,omitempty"`
+}
+
+// EffectRequest is the request an effect holds, as journaled; credentials (Authorization,
+// Proxy-Authorization, Cookie) read "[redacted]".
+type EffectRequest struct {
+	Headers map[string][]string `json:"headers"`
+	// Body is the body as text when it is UTF-8; otherwise BodyBase64 carries it.
+	Body       string `json:"body,omitempty"`
+	BodyBase64 []byte `json:"body_base64,omitempty"`
+	Bytes      int    `json:"bytes"`
+	// Compacted: the journal dropped the headers and body of this settled effect.
+	Compacted bool `json:"compacted,omitempty"`
 }
 
 // StatePatchResult answers a state patch.
