@@ -139,8 +139,9 @@ func (g *e2bGateway) e2bCall(t *testing.T, method, path, body string, out any, h
 	return resp.StatusCode
 }
 
-// TestE2BRestart: a sandbox created through the E2B API survives a daemon restart with its
-// owner, access token and files; another tenant still cannot reach it.
+// TestE2BRestart: a port of a sandbox is reachable through the gateway with the sandbox's
+// token only; a sandbox created through the E2B API survives a daemon restart with its owner,
+// access token and files; another tenant still cannot reach it.
 func TestE2BRestart(t *testing.T) {
 	g := startE2BDaemon(t, "e2b", 1)
 	var c struct {
@@ -153,6 +154,30 @@ func TestE2BRestart(t *testing.T) {
 	envd := []string{"E2b-Sandbox-Id", c.SandboxID, "X-Access-Token", c.EnvdAccessToken}
 	if st := g.e2bCall(t, "POST", "/files?path=/tmp/kept.txt", "kept", nil, append(envd, "Content-Type", "application/octet-stream")...); st != http.StatusOK {
 		t.Fatalf("upload: %d", st)
+	}
+	// A port of the sandbox, reached through the gateway (E2B's getHost): busybox httpd.
+	g.cli("exec", c.SandboxID, "sh", "-c", "mkdir -p /tmp/www && echo hi-from-the-sandbox > /tmp/www/index.html && busybox httpd -p 8080 -h /tmp/www")
+	var got []byte
+	testutil.WaitFor(t, 10*time.Second, 50*time.Millisecond, "the sandbox's web server through the gateway", func() bool {
+		req, _ := http.NewRequest("GET", g.url+"/index.html", nil)
+		req.Header.Set("E2b-Sandbox-Id", c.SandboxID)
+		req.Header.Set("E2b-Sandbox-Port", "8080")
+		req.Header.Set("E2b-Traffic-Access-Token", c.EnvdAccessToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		got, _ = io.ReadAll(resp.Body)
+		return resp.StatusCode == http.StatusOK
+	})
+	if string(got) != "hi-from-the-sandbox\n" {
+		t.Errorf("port 8080 through the gateway answered %q", got)
+	}
+	req, _ := http.NewRequest("GET", g.url+"/index.html", nil)
+	req.Host = "8080-" + c.SandboxID + ".e2b.test" // the SDK's getHost(8080) form, without the token
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("port 8080 without the token: %v %v", resp, err)
 	}
 	g.stop()
 	g.start()
@@ -173,7 +198,7 @@ func TestE2BRestart(t *testing.T) {
 	if st := g.e2bCall(t, "GET", "/sandboxes/"+c.SandboxID, "", nil, "X-API-KEY", g.otherKey); st != http.StatusNotFound {
 		t.Errorf("the other tenant after the restart: %d, want 404", st)
 	}
-	req, _ := http.NewRequest("GET", g.url+"/files?path=/tmp/kept.txt", nil)
+	req, _ = http.NewRequest("GET", g.url+"/files?path=/tmp/kept.txt", nil)
 	req.Header.Set(envd[0], envd[1])
 	req.Header.Set(envd[2], envd[3])
 	resp, err := http.DefaultClient.Do(req)

@@ -137,7 +137,28 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, fmt.Errorf("no route %s %s in DeltaBox's E2B gateway: %w", r.Method, r.URL.Path, errUnimplemented))
 	})
-	return mux
+	return g.ports(mux)
+}
+
+// ports sends requests for a sandbox port other than envd's to that port of the sandbox
+// (proxyPort), after the same token check as the sandbox API; the rest goes to next.
+func (g *Gateway) ports(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, port := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
+		if id == "" {
+			id, port = sandboxFromHost(r.Host)
+		}
+		if id == "" || port == "" || port == EnvdPort {
+			next.ServeHTTP(w, r)
+			return
+		}
+		sb, err := g.envdSandbox(r)
+		if err != nil {
+			writeEnvdError(w, 0, err)
+			return
+		}
+		g.proxyPort(w, r, sb, port)
+	})
 }
 
 // Close releases every sandbox the gateway created (the daemon is stopping).
@@ -209,20 +230,21 @@ func (g *Gateway) forgetGone(sb *sandbox) bool {
 // envdSandbox authenticates an in-sandbox request: the E2b-Sandbox-Id header names a
 // sandbox of this gateway and X-Access-Token carries its access token.
 func (g *Gateway) envdSandbox(r *http.Request) (*sandbox, error) {
-	id, port := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
+	id := r.Header.Get("E2b-Sandbox-Id")
 	if id == "" { // the SDK without E2B_SANDBOX_URL names the sandbox in the host: PORT-ID.DOMAIN
-		id, port = sandboxFromHost(r.Host)
+		id, _ = sandboxFromHost(r.Host)
 	}
 	if id == "" {
 		return nil, fmt.Errorf("missing E2b-Sandbox-Id header (set E2B_SANDBOX_URL to this gateway): %w", errdefs.ErrInvalidArgument)
 	}
-	if p := port; p != "" && p != EnvdPort {
-		return nil, fmt.Errorf("port %s of sandbox %q: DeltaBox's E2B gateway serves only the sandbox API (port %s): %w", p, id, EnvdPort, errUnimplemented)
-	}
 	g.mu.Lock()
 	sb := g.sandboxes[id]
 	g.mu.Unlock()
-	if sb == nil || !sb.tokenOK(r.Header.Get("X-Access-Token")) {
+	tok := r.Header.Get("X-Access-Token")
+	if tok == "" {
+		tok = r.Header.Get(TrafficTokenHeader)
+	}
+	if sb == nil || !sb.tokenOK(tok) {
 		return nil, fmt.Errorf("sandbox %q: unknown sandbox or wrong access token: %w", id, errUnauthenticated)
 	}
 	if sb.isPaused() {

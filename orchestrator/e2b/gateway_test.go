@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -30,6 +31,7 @@ type fakeBackend struct {
 	n      int
 	live   map[string]string            // id -> root dir
 	labels map[string]map[string]string // id -> lease labels
+	ip     string                       // every sandbox's address
 	log    []string                     // calls, in order
 	exec   func(req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) api.ExitStatus
 }
@@ -107,7 +109,7 @@ func (f *fakeBackend) Sandbox(id string) (api.Sandbox, error) {
 	if _, ok := f.live[id]; !ok {
 		return api.Sandbox{}, errdefs.ErrNotFound
 	}
-	return api.Sandbox{ID: id}, nil
+	return api.Sandbox{ID: id, IP: f.ip}, nil
 }
 
 func (f *fakeBackend) Exec(ctx context.Context, id string, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error) {
@@ -345,9 +347,8 @@ func TestOtherTenantIsRefused(t *testing.T) {
 			t.Errorf("stat with token %q: %d %s", tok, status, body)
 		}
 	}
-	if status, body := call(t, "POST", srv.URL+"/filesystem.Filesystem/Stat", "", map[string]any{"path": "/"},
-		"E2b-Sandbox-Id", c.SandboxID, "X-Access-Token", c.EnvdAccessToken, "E2b-Sandbox-Port", "8080"); status != http.StatusNotImplemented {
-		t.Errorf("another port: %d %s", status, body)
+	if status, body := call(t, "GET", srv.URL+"/", "", nil, "E2b-Sandbox-Id", c.SandboxID, "E2b-Sandbox-Port", "8080"); status != http.StatusUnauthorized {
+		t.Errorf("another port without the token: %d %s", status, body)
 	}
 	for _, call := range f.calls() {
 		if strings.HasPrefix(call, "release") || strings.HasPrefix(call, "freeze") || strings.HasPrefix(call, "checkpoint") {
@@ -471,6 +472,31 @@ func TestFilesRefuseSymlinksTheSandboxMade(t *testing.T) {
 	call(t, "POST", srv.URL+"/filesystem.Filesystem/Remove", "", map[string]any{"path": "/link"}, hdr...)
 	if _, err := os.Stat(filepath.Join(outside, "secret")); err != nil {
 		t.Errorf("removing the symlink removed its target: %v", err)
+	}
+}
+
+// TestPortsGoToTheSandboxOnly: a request for another port of a sandbox is passed to that
+// port of the sandbox's address, without the gateway's headers, for token holders only.
+func TestPortsGoToTheSandboxOnly(t *testing.T) {
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "app %s %s token=%q", r.Method, r.URL.Path, r.Header.Get("X-Access-Token")+r.Header.Get(TrafficTokenHeader))
+	}))
+	defer app.Close()
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(app.URL, "http://"))
+	f := newFake(t)
+	f.ip = "127.0.0.1"
+	srv := newTestGateway(t, f, Options{})
+	c := create(t, srv, keyA)
+	status, body := call(t, "GET", srv.URL+"/hello", "", nil, "E2b-Sandbox-Id", c.SandboxID, "E2b-Sandbox-Port", port, TrafficTokenHeader, c.EnvdAccessToken)
+	if status != http.StatusOK || string(body) != `app GET /hello token=""` {
+		t.Errorf("proxied: %d %s", status, body)
+	}
+	status, body = call(t, "GET", srv.URL+"/hello", "", nil, "E2b-Sandbox-Id", c.SandboxID, "E2b-Sandbox-Port", port, TrafficTokenHeader, "wrong")
+	if status != http.StatusUnauthorized || strings.Contains(string(body), "app") {
+		t.Errorf("a wrong token reached the port: %d %s", status, body)
+	}
+	if status, _ := call(t, "GET", srv.URL+"/", "", nil, "E2b-Sandbox-Id", c.SandboxID, "E2b-Sandbox-Port", "99999", "X-Access-Token", c.EnvdAccessToken); status != http.StatusBadRequest {
+		t.Errorf("port 99999: %d", status)
 	}
 }
 
