@@ -195,7 +195,7 @@ func TestOpenAPISchemasMatchTheWireTypes(t *testing.T) {
 		"RetryEffectsRequest": api.RetryEffectsRequest{}, "RetryEffectsResult": api.RetryEffectsResult{},
 		"SnapshotRequest": api.SnapshotRequest{}, "RestoreRequest": api.RestoreRequest{},
 		"Snapshot": api.Snapshot{}, "Progress": api.Progress{}, "StreamEvent": api.StreamEvent{},
-		"Storyboard": api.Storyboard{}, "Step": api.Step{},
+		"Storyboard": api.Storyboard{}, "Step": api.Step{}, "PinRequest": api.PinRequest{},
 	}
 	for name, v := range types {
 		s, ok := schemas[name]

@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
 // Retention bounds a sandbox's checkpoint tree: every path from the first checkpoint to a
@@ -166,4 +167,33 @@ func (o *Orchestrator) pin(ctx context.Context, s *session, id string, on bool) 
 		return
 	}
 	s.meta = meta
+}
+
+// Pin pins (or, with on false, unpins) a checkpoint of a sandbox: retention never drops a
+// pinned checkpoint. The pin is recorded in the session's meta.json.
+func (o *Orchestrator) Pin(ctx context.Context, id, ckpt string, on bool) (api.Checkpoint, error) {
+	s, err := o.session(ctx, id)
+	if err != nil {
+		return api.Checkpoint{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, err := s.resolve(ckpt)
+	if err != nil {
+		return api.Checkpoint{}, err
+	}
+	c := s.ckpts[i]
+	meta := s.meta
+	meta.Pins = slices.DeleteFunc(slices.Clone(meta.Pins), func(p string) bool { return p == c.ID })
+	if on {
+		meta.Pins = append(meta.Pins, c.ID)
+	}
+	if err := s.rec.writeMeta(meta); err != nil {
+		return api.Checkpoint{}, fmt.Errorf("record the pin of checkpoint %s: %w", c.ID, err)
+	}
+	s.meta = meta
+	if !on {
+		o.retain(ctx, s) // what the pin kept may go now
+	}
+	return s.view(c), nil
 }

@@ -22,6 +22,13 @@ func (o *Orchestrator) timeTravelRoutes(mux *http.ServeMux) {
 		return o.Storyboard(r.Context(), r.PathValue("id"), all)
 	}))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/checkpoints/{ckpt}/file", o.showFile)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/checkpoints/{ckpt}/pin", handle(func(r *http.Request) (any, error) {
+		var req api.PinRequest
+		if err := decode(r, &req); err != nil {
+			return nil, err
+		}
+		return o.Pin(r.Context(), r.PathValue("id"), r.PathValue("ckpt"), req.Pinned)
+	}))
 }
 
 // Storyboard returns a sandbox's history: the checkpoints of its current branch (all: of the

@@ -285,6 +285,13 @@ func TestTreeRetention(t *testing.T) {
 			t.Errorf("checkpoint %s dropped", must)
 		}
 	}
+	// Unpinned, the checkpoint may go; pinned again, a kept one stays.
+	if ck, err := r.o.Pin(ctx, "sb", pinned, false); err != nil || ck.Pinned {
+		t.Fatalf("unpin: %+v %v", ck, err)
+	}
+	if _, err := r.o.Pin(ctx, "sb", "nope", true); !errdefs.IsNotFound(err) {
+		t.Fatalf("pin of an unknown checkpoint: %v", err)
+	}
 	// Every kept checkpoint is still a good target: the fake layer store and records agree.
 	for _, c := range r.s.ckpts {
 		if _, err := r.o.Rollback(ctx, "sb", api.RollbackRequest{To: c.ID}); err != nil {

@@ -30,6 +30,9 @@ func checkpointCommand() *cli.Command {
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "tree", Usage: "draw the checkpoint tree"}},
 		}, {
 			Name: "inspect", Usage: "show one checkpoint (CKPT: ID, name, @, @~N or lease)", ArgsUsage: "ID CKPT", Action: checkpointInspect,
+		}, {
+			Name: "pin", Usage: "keep a checkpoint through retention (--off: let it go again)", ArgsUsage: "ID CKPT", Action: checkpointPin,
+			Flags: []cli.Flag{&cli.BoolFlag{Name: "off", Usage: "unpin"}},
 		}},
 	}
 }

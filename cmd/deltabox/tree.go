@@ -72,6 +72,18 @@ func treeLabel(c api.Checkpoint) string {
 	return strings.Join(parts, " ")
 }
 
+// checkpointPin is `checkpoint pin ID CKPT [--off]`.
+func checkpointPin(c *cli.Context) error {
+	if err := exactArgs(c, 2, "ID CKPT"); err != nil {
+		return err
+	}
+	ck, err := newClient(c).Pin(c.Context, c.Args().Get(0), c.Args().Get(1), !c.Bool("off"))
+	if err != nil {
+		return err
+	}
+	return printResult(c, ck, func(w io.Writer) { fmt.Fprintf(w, "checkpoint %s pinned: %t\n", ck.ID, ck.Pinned) })
+}
+
 // gotoCommand is rollback under the name for moving anywhere in the tree: `goto ID CKPT`.
 func gotoCommand() *cli.Command {
 	return &cli.Command{

@@ -48,3 +48,8 @@ type FileInfo struct {
 	Size   int64  `json:"size"`
 	Target string `json:"target,omitempty"` // symlink target
 }
+
+// PinRequest is the body of POST /v1/sandboxes/{id}/checkpoints/{ckpt}/pin.
+type PinRequest struct {
+	Pinned bool `json:"pinned"`
+}

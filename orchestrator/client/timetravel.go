@@ -57,3 +57,9 @@ func (c *Client) Forward(ctx context.Context, method, pathAndQuery string, body 
 	}
 	return c.http.Do(req)
 }
+
+// Pin pins (or unpins) a checkpoint: retention never drops a pinned one.
+func (c *Client) Pin(ctx context.Context, id, ckpt string, on bool) (api.Checkpoint, error) {
+	var ck api.Checkpoint
+	return ck, c.do(ctx, http.MethodPost, sandboxPath(id, "/checkpoints/"+url.PathEscape(ckpt)+"/pin"), api.PinRequest{Pinned: on}, &ck)
+}
