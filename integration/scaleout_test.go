@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -13,6 +14,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
 
 	"github.com/deltabox/deltabox/internal/testutil"
 	"github.com/deltabox/deltabox/objectstore/s3test"
@@ -274,4 +279,59 @@ func checkFleetEffects(t *testing.T, u *upstream, n int) {
 		}
 	}
 	t.Logf("%d deliveries of %d effects", deliveries, n)
+}
+
+// TestTemporalCancelKillsStep: cancelling a task's workflow cancels its running step (the
+// activity's heartbeat carries the cancellation), which kills the command in the sandbox; the
+// sandbox is released and the run reports the task interrupted, long before the command
+// would have ended.
+func TestTemporalCancelKillsStep(t *testing.T) {
+	addr := startTemporalDev(t)
+	d := startDaemonWith(t, fmt.Sprintf("[temporal]\naddress = %q\nmax_tasks = 1\n", addr))
+	d.createPool("bb", busyboxImage, 1, "--max", "2")
+	dir := shortTempDir(t)
+	pfile := filepath.Join(dir, "p.yaml")
+	os.WriteFile(pfile, []byte("name: cancel\npool: bb\nsteps:\n  - name: long\n    run: [sleep, \"300\"]\n"), 0o644)
+	var out, errOut strings.Builder
+	run := exec.Command(d.env.bin, "-o", "json", "run", pfile, "--engine", "temporal://"+addr, "--node-timeout", "3s")
+	run.Stdout, run.Stderr = &out, &errOut
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- run.Wait() }()
+	testutil.WaitFor(t, 60*time.Second, 50*time.Millisecond, "the step to run", func() bool {
+		sbs, err := d.client().Sandboxes(t.Context())
+		if err != nil || len(sbs) != 1 {
+			return false
+		}
+		ps, _, code := d.cliRaw("exec", sbs[0].ID, "--", "ps")
+		return code == 0 && strings.Contains(ps, "sleep 300")
+	})
+	tc, err := client.Dial(client.Options{HostPort: addr, Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	open, err := tc.ListOpenWorkflow(t.Context(), &workflowservice.ListOpenWorkflowExecutionsRequest{Namespace: "default"})
+	if err != nil || len(open.Executions) != 1 {
+		t.Fatalf("open workflows: %v %v", open, err)
+	}
+	start := time.Now()
+	if err := tc.CancelWorkflow(t.Context(), open.Executions[0].Execution.WorkflowId, ""); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		_ = run.Process.Kill()
+		t.Fatalf("the run did not end within 60 s of the cancellation; stderr: %s", errOut.String())
+	}
+	t.Logf("run ended %s after the cancellation", time.Since(start))
+	if !strings.Contains(out.String(), `"status":"interrupted"`) {
+		t.Fatalf("run output: %s\nstderr: %s", out.String(), errOut.String())
+	}
+	if sbs, err := d.client().Sandboxes(t.Context()); err != nil || len(sbs) != 0 {
+		t.Fatalf("sandboxes still leased after the cancellation: %+v %v", sbs, err)
+	}
 }
