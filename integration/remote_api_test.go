@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
 const (
@@ -46,6 +47,13 @@ func TestRemoteAPI(t *testing.T) {
 	d.createPool("rp", busyboxImage, 1, "--max", "4")
 	ca := filepath.Join(d.root, "api-tls", "cert.pem")
 	mustContain(t, "daemon log", d.logs.String(), "api tcp listener started", "tls_fingerprint_sha256=")
+	var info api.Info
+	d.cliJSON(&info, "info")
+	if ra := info.RemoteAPI; ra == nil || ra.Address != addr || ra.Certificate != ca || len(ra.TLSFingerprint) != 95 ||
+		!strings.Contains(d.logs.String(), "tls_fingerprint_sha256="+ra.TLSFingerprint) {
+		t.Fatalf("info's remote_api: %+v", info.RemoteAPI)
+	}
+	mustContain(t, "deltabox info", d.cli("info"), "Remote API", info.RemoteAPI.TLSFingerprint)
 
 	remote := []string{"--address", "tcp://" + addr, "--token-file", tokenFile, "--ca-file", ca}
 	cli := func(env []string, args ...string) (string, string, int) {

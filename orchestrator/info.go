@@ -40,8 +40,12 @@ func (o *Orchestrator) Info(ctx context.Context) (api.Info, error) {
 	if o.net != nil {
 		info.Network = &api.Network{Subnet: o.net.Subnet().String(), Gateway: o.net.Gateway().String(), Proxy: o.net.ProxyURL()}
 	}
+	info.RemoteAPI = o.remoteAPI.Load()
 	return info, nil
 }
+
+// SetRemoteAPI records the host API's TCP listener for Info.
+func (o *Orchestrator) SetRemoteAPI(r api.RemoteAPI) { o.remoteAPI.Store(&r) }
 
 func (o *Orchestrator) containerdInfo(ctx context.Context) api.Containerd {
 	c := api.Containerd{Address: o.opts.ContainerdAddress}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -23,6 +24,7 @@ import (
 	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/criu/proctpl"
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/orchestrator/snapsign"
 	"github.com/deltabox/deltabox/pool"
 	"github.com/deltabox/deltabox/pool/network"
@@ -119,15 +121,17 @@ type Orchestrator struct {
 	criu   criu.Status
 	node   string
 	// sdkDir holds the SDKs every sandbox mounts read-only at /.deltabox/sdk.
-	sdkDir  string
-	pools   *pool.Manager
-	net     *network.Manager
-	proxy   *proxy.Proxy
-	l3      *criu.Checkpointer
-	closers []func() error
-	effects Effects
-	signer  *snapsign.Signer   // signs the manifests this node pushes
-	trust   *snapsign.Verifier // keys whose snapshots this node restores
+	sdkDir string
+	// remoteAPI is the TCP listener of the host API, for Info (nil: none).
+	remoteAPI atomic.Pointer[api.RemoteAPI]
+	pools     *pool.Manager
+	net       *network.Manager
+	proxy     *proxy.Proxy
+	l3        *criu.Checkpointer
+	closers   []func() error
+	effects   Effects
+	signer    *snapsign.Signer   // signs the manifests this node pushes
+	trust     *snapsign.Verifier // keys whose snapshots this node restores
 
 	limiterOnce sync.Once
 	limits      *requestLimiter // API request limits (see reqlimit.go)

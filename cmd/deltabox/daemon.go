@@ -141,7 +141,7 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 		return err
 	}
 	handler := o.Handler() // one handler (and request limiter) for the socket and the TCP listener
-	if err := serveRemote(ctx, cfg.API, cfg.Root, handler); err != nil {
+	if err := serveRemote(ctx, cfg.API, cfg.Root, o, handler); err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}

@@ -65,6 +65,9 @@ func printInfo(w io.Writer, r infoResult) {
 	} else {
 		row("Sandbox network", "none (sandboxes have loopback only)")
 	}
+	if ra := r.RemoteAPI; ra != nil {
+		row("Remote API", "https://%s (certificate %s, SHA-256 %s; client certificates: %t)", ra.Address, ra.Certificate, ra.TLSFingerprint, ra.ClientCertificates)
+	}
 	iso := r.Sandbox.Isolation
 	row("Sandbox seccomp", "%s", orNone(iso.Seccomp))
 	row("Sandbox user namespace", "%t (by default; a pool may opt out; each sandbox gets its own range of %d host ids from %d)",

@@ -25,6 +25,19 @@ type Info struct {
 	// Network is the sandbox network: where sandboxes reach the host and the egress proxy
 	// (absent when sandboxes have loopback only).
 	Network *Network `json:"network,omitempty"`
+	// RemoteAPI is the host API's TCP listener (absent when [api] tcp_address is not set).
+	RemoteAPI *RemoteAPI `json:"remote_api,omitempty"`
+}
+
+// RemoteAPI is the TCP listener of the host API: what a remote client needs to trust it.
+type RemoteAPI struct {
+	Address string `json:"address"`
+	// TLSFingerprint is the SHA-256 of the server certificate, colon-separated hex.
+	TLSFingerprint string `json:"tls_fingerprint_sha256"`
+	// Certificate is the PEM file of the server certificate (clients' CA file when self-signed).
+	Certificate string `json:"certificate"`
+	// ClientCertificates says whether clients must present a certificate (mTLS).
+	ClientCertificates bool `json:"client_certificates"`
 }
 
 // Network is the sandbox network as sandboxes see it.
