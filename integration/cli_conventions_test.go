@@ -138,6 +138,7 @@ func TestCLIConventions(t *testing.T) {
 		}},
 		{name: "host.deltabox.internal with --allow", args: []string{"exec", allowed, "wget", "-qO-", hostURL}, stdout: []string{"from the host"}},
 		{name: "host.deltabox.internal needs a rule naming it", args: []string{"exec", a.ID, "wget", "-qO-", hostURL}, code: 1, stderr: []string{"403"}},
+		{name: "denied requests are effects", args: []string{"effects", "ls", a.ID, "--status", "denied"}, stdout: []string{"denied", "host.deltabox.internal", "only a rule naming it may allow it"}},
 		{name: "release the --allow lease", args: []string{"release", allowed}, stdout: []string{allowed}},
 		{name: "--allow with a bad port", args: []string{"lease", "--pool", "conv", "--allow", "x:99999"}, code: 2, stderr: []string{`port "99999" is not 1-65535`}},
 		// 2. output like kubectl.

@@ -22,6 +22,7 @@ const (
 	StatusFailed      Status = "failed"      // sending (or compensating) gave up or got >= 400
 	StatusDropped     Status = "dropped"     // rolled back before it was sent
 	StatusPassed      Status = "passed"      // sent at once (compensate, or pass when recorded)
+	StatusDenied      Status = "denied"      // refused by the policy or the destination check; never sent
 	StatusCompensated Status = "compensated" // rolled back: its compensating request was sent
 	StatusAbandoned   Status = "abandoned"   // the operator gave it up after it failed: never sent again
 )

@@ -130,6 +130,21 @@ func (p *Proxy) recordPassed(ctx context.Context, sb *sandbox, method string, tg
 	}
 }
 
+// recordDenied journals a refused request as a denied effect (not durably, as passed ones:
+// it changes nothing a commit or rollback does) so that `effects ls --status denied` shows
+// what the sandbox tried and why it was refused.
+func (p *Proxy) recordDenied(ctx context.Context, sb *sandbox, method string, tgt *target, reason string) {
+	eff := p.newEffect(StatusDenied, method, tgt, nil, nil, false)
+	eff.Reason = reason
+	j, err := p.journalFor(ctx, sb.id, true)
+	if err == nil {
+		err = j.append(&record{Type: recEffect, Effect: eff}, false)
+	}
+	if err != nil {
+		log.L(ctx).Warn("proxy: cannot record denied request", "sandbox", sb.id, "error", err)
+	}
+}
+
 // compensate forwards the request now and journals it with its compensating request.
 func (p *Proxy) compensate(ctx context.Context, w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *target, d decision, rl *reqLog) {
 	body, rerr := p.readWholeBody(w, r)

@@ -72,11 +72,15 @@ func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *Proxy) act(w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *target, d decision, rl *reqLog) {
 	if d.action == ActionDeny {
 		p.refuse(w, rl, http.StatusForbidden, "denied by policy "+d.name)
+		p.recordDenied(r.Context(), sb, r.Method, tgt, "denied by policy "+d.name)
 		return
 	}
 	addrs, err := p.resolve(r.Context(), tgt.host, d.explicit)
 	if err != nil {
 		p.destinationFailed(w, rl, err)
+		if errdefs.IsPermissionDenied(err) {
+			p.recordDenied(r.Context(), sb, r.Method, tgt, err.Error())
+		}
 		return
 	}
 	ctx := withPinned(r.Context(), addrs)

@@ -64,6 +64,7 @@ type storedEffect struct {
 	Compensation   *storedRequest `json:"compensation,omitempty"`
 	CompensateErr  string         `json:"compensate_error,omitempty"`
 	Compacted      bool           `json:"compacted,omitempty"` // request body and headers dropped
+	Reason         string         `json:"reason,omitempty"`    // why a denied request was refused
 }
 
 // effectState is the in-memory index entry of an effect; bodies stay on disk at off.
@@ -215,7 +216,7 @@ func (j *journal) applyStatus(r *record) {
 func (e *storedEffect) public() Effect {
 	return Effect{
 		ID: e.ID, Seq: e.Seq, Checkpoint: e.Checkpoint, Method: e.Request.Method, URL: e.Request.URL,
-		Status: e.Status, ResponseStatus: e.ResponseStatus, Created: e.Created,
+		Status: e.Status, ResponseStatus: e.ResponseStatus, Created: e.Created, Error: e.Reason,
 	}
 }
 
