@@ -36,13 +36,15 @@
 //     files) name the old processes.
 //   - Shared file descriptions: the template's fds are the original's (dup'd by fork), so
 //     file offsets, pipes and sockets are shared with the original and every copy. Data
-//     buffered in a pipe at the checkpoint and read since is not put back, and the offsets
-//     of regular files are put back by the caller (SetOffsets) from what Stop read in
+//     buffered in a pipe at the checkpoint and read since is not put back; the offsets of
+//     regular files are put back by Copy (an injected lseek per fd) from what Wait read in
 //     /proc/PID/fdinfo.
 //   - Architecture: x86-64 only (64-bit processes).
 //
 // # Lifetime
 //
 // Every tracee is seized with PTRACE_O_EXITKILL: if the daemon dies (even with SIGKILL) the
-// kernel kills its templates, so no stopped template outlives the daemon that made it.
+// kernel kills its templates, so no stopped template outlives the daemon that made it. A
+// seized process that does not stop within StopTimeout is given up (Wait fails) and let go
+// as soon as it stops, so one stuck process never holds the tracer thread.
 package proctpl
