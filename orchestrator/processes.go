@@ -97,19 +97,20 @@ func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc, noFallback 
 	return pc
 }
 
-// checkMember checks that pid is still the process Procs listed (start time) and a member
-// of the sandbox's cgroup.
+// checkMember checks, once the caller holds a pidfd of pid, that pid is still the process
+// the frozen sandbox's cgroup listed: same start time (a reused pid has another; a frozen
+// process cannot leave the cgroup).
 func (s *session) checkMember(pid int, start uint64) error {
-	procs, err := s.frz.Procs()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return err
+		return fmt.Errorf("process %d: %w (%w)", pid, err, errdefs.ErrNotFound)
 	}
-	for _, p := range procs {
-		if p.Pid == pid && p.Start == start {
-			return nil
-		}
+	i := strings.LastIndexByte(string(data), ')') // comm may hold spaces and parentheses
+	f := strings.Fields(string(data[i+1:]))
+	if i < 0 || len(f) < 20 || f[19] != strconv.FormatUint(start, 10) {
+		return fmt.Errorf("process %d is not the one the sandbox listed (pid reused): %w", pid, errdefs.ErrNotFound)
 	}
-	return fmt.Errorf("process %d left the sandbox: %w", pid, errdefs.ErrNotFound)
+	return nil
 }
 
 // templateProcesses makes the templates of the seized processes once the sandbox is thawed

@@ -81,6 +81,9 @@ func (tp *Template) Copy() (int, error) {
 // prepare sets a new copy up before it runs. Runs on the tracer thread.
 func (tp *Template) prepare(cp *task) error {
 	for fd, off := range tp.offsets {
+		if pos, ok := fdPos(tp.task.pid, fd); ok && pos == off {
+			continue // the shared file description is already there: no injection
+		}
 		// A failure (the fd was closed since?) leaves that offset as it is.
 		_, _, err := cp.inject(unix.SYS_LSEEK, uint64(fd), uint64(off), unix.SEEK_SET)
 		if err != nil {

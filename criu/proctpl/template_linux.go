@@ -212,17 +212,24 @@ func fileOffsets(pid int) map[int]int64 {
 		if unix.Stat(dir+"/"+e.Name(), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 			continue
 		}
-		info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(info), "\n") {
-			if v, ok := strings.CutPrefix(line, "pos:"); ok {
-				if pos, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
-					out[fd] = pos
-				}
-			}
+		if pos, ok := fdPos(pid, fd); ok {
+			out[fd] = pos
 		}
 	}
 	return out
+}
+
+// fdPos reads the offset of pid's fd from /proc/PID/fdinfo.
+func fdPos(pid, fd int) (int64, bool) {
+	info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(info), "\n") {
+		if v, ok := strings.CutPrefix(line, "pos:"); ok {
+			pos, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return pos, err == nil
+		}
+	}
+	return 0, false
 }
