@@ -54,6 +54,11 @@ func installSDK(root string) (string, error) {
 		h.Write(files[name])
 	}
 	dir := filepath.Join(root, "sdk", hex.EncodeToString(h.Sum(nil))[:16])
+	if left, _ := filepath.Glob(filepath.Join(root, "sdk-tmp-*")); len(left) > 0 { // a start cut short
+		for _, p := range left {
+			os.RemoveAll(p)
+		}
+	}
 	if _, err := os.Stat(dir); err == nil {
 		return dir, nil
 	}
