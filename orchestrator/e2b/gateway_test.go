@@ -32,6 +32,7 @@ type fakeBackend struct {
 	live   map[string]string            // id -> root dir
 	labels map[string]map[string]string // id -> lease labels
 	ip     string                       // every sandbox's address
+	forked map[string]string            // id -> ForkedFrom
 	log    []string                     // calls, in order
 	exec   func(req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) api.ExitStatus
 }
@@ -45,7 +46,7 @@ func (f *fakeBackend) Sandboxes() []api.Sandbox {
 	defer f.mu.Unlock()
 	out := []api.Sandbox{}
 	for id := range f.live {
-		out = append(out, api.Sandbox{ID: id, Labels: f.labels[id]})
+		out = append(out, api.Sandbox{ID: id, Labels: f.labels[id], ForkedFrom: f.forked[id]})
 	}
 	return out
 }
@@ -227,7 +228,18 @@ func TestRestartRecoversSandboxes(t *testing.T) {
 	srv := newTestGateway(t, f, Options{})
 	c := create(t, srv, keyA)
 	call(t, "POST", srv.URL+"/v2/sandboxes", keyB, map[string]any{"templateID": "py", "metadata": map[string]string{"k": "v"}})
+	f.mu.Lock() // a fork of c, made before the restart, carries c's labels
+	f.live["sb-fork"], f.labels["sb-fork"] = t.TempDir(), f.labels[c.SandboxID]
+	f.forked = map[string]string{"sb-fork": c.SandboxID + "@2"}
+	f.mu.Unlock()
 	srv2 := newTestGateway(t, f, Options{}) // a restarted daemon's gateway over the same leases
+	forkHdr := []string{"E2b-Sandbox-Id", "sb-fork", "X-Access-Token", c.EnvdAccessToken}
+	if status, _ := call(t, "POST", srv2.URL+"/filesystem.Filesystem/ListDir", "", map[string]any{"path": "/"}, forkHdr...); status != http.StatusUnauthorized {
+		t.Errorf("the source's token opened its recovered fork: %d", status)
+	}
+	if status, _ := call(t, "GET", srv2.URL+"/sandboxes/sb-fork", keyA, nil); status != http.StatusOK {
+		t.Errorf("the recovered fork is not its tenant's: %d", status)
+	}
 	hdr := []string{"E2b-Sandbox-Id", c.SandboxID, "X-Access-Token", c.EnvdAccessToken}
 	if status, body := call(t, "POST", srv2.URL+"/filesystem.Filesystem/ListDir", "", map[string]any{"path": "/"}, hdr...); status != http.StatusOK {
 		t.Errorf("the old access token after a restart: %d %s", status, body)

@@ -46,7 +46,7 @@ func (sb *sandbox) leaseLabels() map[string]string {
 
 // recover adopts the leased sandboxes whose labels say this gateway created them (before a
 // restart). Each gets a fresh default timeout (the last one set is not recorded) and is
-// thawed in case it was paused.
+// thawed in case it was paused. Forks and restores need a connect for a new access token.
 func (g *Gateway) recover(ctx context.Context) {
 	for _, s := range g.b.Sandboxes() {
 		tenant, hash := s.Labels[labelTenant], s.Labels[labelTokenHash]
@@ -59,6 +59,11 @@ func (g *Gateway) recover(ctx context.Context) {
 		}
 		sb := g.newSandbox(s.ID, s.Labels[labelTemplate], tenant, s.Workdir)
 		sb.tokenHash, sb.started = []string{hash}, started
+		if s.ForkedFrom != "" || s.RestoredFrom != "" {
+			// A fork or restore carries its source's labels, token hash included: the source's
+			// token must not open it. Its own token was never recorded; connect mints one.
+			sb.tokenHash = nil
+		}
 		sb.autoPause, sb.perCommand = s.Labels[labelAutoPause] == "true", s.Labels[labelPerCommand] == "true"
 		for k, v := range s.Labels {
 			if strings.HasPrefix(k, labelMetaPrefix) {
