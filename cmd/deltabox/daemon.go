@@ -15,6 +15,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -74,8 +75,9 @@ func daemonConfig(c *cli.Context) (config.Config, error) {
 	override("log-level", &cfg.Log.Level)
 	if c.IsSet("address") {
 		cfg.Address = c.String("address")
-	} else if c.Lineage()[1].IsSet("address") { // the global --address names the same socket
-		cfg.Address = c.Lineage()[1].String("address")
+	} else if g := c.Lineage()[1]; g.IsSet("address") && !strings.HasPrefix(g.String("address"), "tcp://") {
+		// The global --address names the same socket (a tcp:// one is a client's: [api] tcp_address).
+		cfg.Address = g.String("address")
 	}
 	return cfg, nil
 }
