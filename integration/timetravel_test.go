@@ -389,3 +389,28 @@ func TestTimeTravelReplay(t *testing.T) {
 		t.Fatalf("re-run without replay: upstream saw %d, answer %q", u.count("GET /rec/world"), fresh)
 	}
 }
+
+// TestTimeTravelForkFromL3 forks from an L3 checkpoint that is not the head: the forks' CRIU
+// restored processes continue from the checkpoint (the counter), with its files and state, in
+// new sandboxes; the source does not move.
+func TestTimeTravelForkFromL3(t *testing.T) {
+	d := startDaemon(t)
+	id := startCounter(d)
+	before := d.count(id)
+	var ck api.Checkpoint
+	d.cliJSON(&ck, "checkpoint", "create", id, "--level", "l3", "--name", "proc")
+	after := d.count(id)
+	d.cli("exec", id, "--", "sh", "-c", "rm /root/notes")
+	d.cli("checkpoint", "create", id)
+	leases, err := d.client().ForkWith(context.Background(), id, api.SnapshotRequest{Count: 1, From: "proc"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases) != 1 || leases[0].ID == id || leases[0].ForkedFrom != id+"@"+ck.ID {
+		t.Fatalf("forks %+v", leases)
+	}
+	checkContinues(t, d, leases[0].ID, before, after+10)
+	if _, _, code := d.cliRaw("exec", id, "--", "test", "-e", "/root/notes"); code == 0 {
+		t.Fatal("the source moved")
+	}
+}

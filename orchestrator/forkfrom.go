@@ -5,11 +5,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/overlay"
@@ -25,9 +30,10 @@ const seedEnv = "DELTABOX_SEED"
 // machine ID) whose files are made the checkpoint's through its merged mount (only the
 // checkpoint's upper state and the warm sandbox's own upper entries are visited: the image is
 // not copied), whose agent state is the checkpoint's document and whose execs get a fresh
-// DELTABOX_SEED. It is labelled forked_from=ID@CKPT. Processes start fresh: the checkpoint's
-// processes are not carried (L3 forks go through Fork). The effect journal starts empty: the
-// source's held effects stay the source's to commit or drop, never sent twice.
+// DELTABOX_SEED. It is labelled forked_from=ID@CKPT. Processes start fresh, unless the
+// checkpoint holds them (L3): then each fork is a new container whose task CRIU restores from
+// the checkpoint's images with a new identity (forkProcesses). The effect journal starts
+// empty: the source's held effects stay the source's to commit or drop, never sent twice.
 func (o *Orchestrator) ForkFrom(ctx context.Context, id string, req api.SnapshotRequest, emit Emit) ([]api.Lease, error) {
 	if req.Count < 1 || req.Count > 64 {
 		return nil, fmt.Errorf("fork count %d: want 1 to 64: %w", req.Count, errdefs.ErrInvalidArgument)
@@ -65,10 +71,20 @@ func (o *Orchestrator) ForkFrom(ctx context.Context, id string, req api.Snapshot
 	if err != nil {
 		return nil, err
 	}
+	if ck.Images != "" {
+		if t, err := o.pools.Template(sb.Pool); err == nil && !t.NoUserNamespace {
+			return nil, fmt.Errorf("checkpoint %s holds processes, restored by CRIU, which needs a pool without user namespaces (pool %q has one): %w",
+				ck.ID, sb.Pool, errdefs.ErrFailedPrecondition)
+		}
+	}
 	var leases []api.Lease
 	for n := range req.Count {
 		emit(api.Progress{Phase: "fork", Done: int64(n), Total: int64(req.Count)})
-		l, err := o.forkOne(ctx, s, ck.ID, target, doc, req.Replay)
+		fork := o.forkOne
+		if ck.Images != "" { // an L3 checkpoint holds its processes: CRIU restores them
+			fork = o.forkProcesses
+		}
+		l, err := fork(ctx, s, ck, target, doc, req.Replay)
 		if err != nil {
 			return leases, fmt.Errorf("fork %d of %d from %s@%s: %w", n+1, req.Count, id, ck.ID, err)
 		}
@@ -79,8 +95,8 @@ func (o *Orchestrator) ForkFrom(ctx context.Context, id string, req api.Snapshot
 }
 
 // forkOne leases one warm sandbox and makes it the checkpoint's. s.mu is read-held.
-func (o *Orchestrator) forkOne(ctx context.Context, s *session, ckpt string, to restoreTarget, doc []byte, replay bool) (api.Lease, error) {
-	start := time.Now()
+func (o *Orchestrator) forkOne(ctx context.Context, s *session, ck ckptRecord, to restoreTarget, doc []byte, replay bool) (api.Lease, error) {
+	start, ckpt := time.Now(), ck.ID
 	lr := to.lease
 	lr.Env = append(append([]string(nil), lr.Env...), seedEnv+"="+newSeed())
 	res, err := o.pools.Lease(ctx, to.pool, lr)
@@ -100,6 +116,52 @@ func (o *Orchestrator) forkOne(ctx context.Context, s *session, ckpt string, to 
 	log.L(ctx).Info("sandbox forked from a checkpoint", "sandbox", res.ID, "from", s.id, "checkpoint", ckpt,
 		"ms", ms(time.Since(start)))
 	return api.Lease{LeaseResult: apiLeaseResult(res), LeaseMS: ms(time.Since(start))}, nil
+}
+
+// forkProcesses forks from an L3 checkpoint: a new container of the pool whose upper dir gets
+// the checkpoint's files (exported from the layer store, the image not copied) and whose task
+// is restored by CRIU from the checkpoint's images with a new identity, as a snapshot restore
+// does, without pushing or fetching anything. s.mu is read-held.
+func (o *Orchestrator) forkProcesses(ctx context.Context, s *session, ck ckptRecord, to restoreTarget, doc []byte, replay bool) (api.Lease, error) {
+	start := time.Now()
+	lr := to.lease
+	lr.Env = append(append([]string(nil), lr.Env...), seedEnv+"="+newSeed())
+	res, err := o.pools.LeaseRestored(ctx, to.pool, lr, o.forkTask(s, ck))
+	if err != nil {
+		return api.Lease{}, err
+	}
+	if o.proxy != nil {
+		o.proxy.CopyRecordings(s.id, res.ID, replay)
+	}
+	o.startSessionWith(ctx, res.Sandbox, &sessionSeed{state: doc, message: to.message})
+	log.L(ctx).Info("sandbox forked from a checkpoint with its processes", "sandbox", res.ID, "from", s.id,
+		"checkpoint", ck.ID, "ms", ms(time.Since(start)))
+	return api.Lease{LeaseResult: apiLeaseResult(res), LeaseMS: ms(time.Since(start))}, nil
+}
+
+// forkTask is the pool's RestoreFunc of forkProcesses.
+func (o *Orchestrator) forkTask(s *session, ck ckptRecord) pool.RestoreFunc {
+	images := filepath.Join(ck.Images, "images")
+	return func(ctx context.Context, c containerd.Container, layout pool.Layout, ioc cio.Creator) (containerd.Task, error) {
+		conf, err := criu.ConfigOf(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		if err := writeNewIdentityConfig(conf, images); err != nil {
+			return nil, err
+		}
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(s.fs.Export(ctx, ck.ID, pw)) }()
+		err = overlay.Import(ctx, pr, layout.Upper, overlay.WithOverlayWhiteouts())
+		pr.CloseWithError(err)
+		if err != nil {
+			return nil, fmt.Errorf("write the files of checkpoint %s: %w", ck.ID, err)
+		}
+		if err := freshMachineID(layout); err != nil {
+			return nil, err
+		}
+		return o.restoreWithTimeout(ctx, c.ID(), images, ioc)
+	}
 }
 
 // forkFiles writes checkpoint ckpt's files into the new sandbox through its merged mount.
