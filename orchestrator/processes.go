@@ -260,6 +260,7 @@ func (o *Orchestrator) restoreProcessCheckpoint(ctx context.Context, s *session,
 		case !tp.Alive():
 			lost.Reason = "its template was killed (from inside the sandbox?)"
 			delete(tpls, e.Pid)
+			s.tplCount.Add(-1)
 		default:
 			if _, err := tp.Copy(); err != nil {
 				lost.Reason = err.Error()
