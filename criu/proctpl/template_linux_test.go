@@ -47,7 +47,7 @@ while True:
 
 // pythonBinary is the real python3 executable (python3 on PATH may be a shell shim, whose
 // state while it starts python is not what a test means to checkpoint).
-func pythonBinary(t *testing.T) string {
+func pythonBinary(t testing.TB) string {
 	t.Helper()
 	out, err := exec.Command(testutil.RequiresBinary(t, "python3"), "-c", "import sys; print(sys.executable)").Output()
 	if err != nil {
@@ -56,7 +56,7 @@ func pythonBinary(t *testing.T) string {
 	return strings.TrimSpace(string(out))
 }
 
-func startREPL(t *testing.T) *repl {
+func startREPL(t testing.TB) *repl {
 	t.Helper()
 	cmd := exec.Command(pythonBinary(t), "-S", "-c", replSrc)
 	in, err := cmd.StdinPipe()
@@ -76,7 +76,7 @@ func startREPL(t *testing.T) *repl {
 	return r
 }
 
-func (r *repl) eval(t *testing.T, expr string) string {
+func (r *repl) eval(t testing.TB, expr string) string {
 	t.Helper()
 	if _, err := fmt.Fprintln(r.in, expr); err != nil {
 		t.Fatal(err)
