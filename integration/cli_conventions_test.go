@@ -106,6 +106,12 @@ func TestCLIConventions(t *testing.T) {
 				t.Fatalf("tar on stdout has %v, want real/f", names)
 			}
 		}},
+		{name: "cp without -p needs the parent", args: []string{"cp", filepath.Join(local, "one"), a.ID + ":/new/deep/one"}, code: 1, stderr: []string{"not_found", "/new"}},
+		{name: "cp -p makes the parents", args: []string{"cp", "-p", filepath.Join(local, "one"), a.ID + ":/new/deep/one"}, check: func(t *testing.T, _, _ string) {
+			if out := d.cli("exec", a.ID, "sh", "-c", "cat /new/deep/one; stat -c %u:%a /new/deep"); out != "one0:755\n" {
+				t.Fatalf("cp -p left %q in the sandbox", out)
+			}
+		}},
 		{name: "cp both local", args: []string{"cp", "a", "b"}, code: 2, stderr: []string{"cannot both be local"}},
 		// 6. commit --checkpoint protects the work just done.
 		{name: "commit --checkpoint", args: []string{"commit", "--checkpoint", a.ID}, stdout: []string{"committed at checkpoint"}, check: func(t *testing.T, _, _ string) {

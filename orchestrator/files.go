@@ -11,7 +11,8 @@ func (o *Orchestrator) copyTo(r *http.Request) (any, error) {
 	if _, err := o.session(r.Context(), r.PathValue("id")); err != nil {
 		return nil, err
 	}
-	return o.pools.CopyTo(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.Body)
+	q := r.URL.Query()
+	return o.pools.CopyTo(r.Context(), r.PathValue("id"), q.Get("path"), r.Body, q.Get("parents") == "true")
 }
 
 // copyFrom answers with a tar stream of ?path= in the sandbox.

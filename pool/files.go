@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"context"
 	"io"
+	"path"
 
 	"golang.org/x/sys/unix"
 
@@ -27,8 +28,10 @@ func (m *Manager) root(id string) (*rootfs.Root, error) {
 	return rootfs.Open(FDPath(f), rootfs.WithIDMap(sb.Isolation.IDMapping.rootfsMap()))
 }
 
-// CopyTo extracts a tar stream into a leased sandbox at dest (docker-cp semantics).
-func (m *Manager) CopyTo(ctx context.Context, id, dest string, r io.Reader) (rootfs.ExtractResult, error) {
+// CopyTo extracts a tar stream into a leased sandbox at dest (docker-cp semantics); with
+// parents, dest's missing parent directories are made first (0755, through the sandbox's
+// root like everything else here).
+func (m *Manager) CopyTo(ctx context.Context, id, dest string, r io.Reader, parents bool) (rootfs.ExtractResult, error) {
 	root, err := m.root(id)
 	if err != nil {
 		return rootfs.ExtractResult{}, err
@@ -37,6 +40,11 @@ func (m *Manager) CopyTo(ctx context.Context, id, dest string, r io.Reader) (roo
 	rel, err := resolveDest(root, dest)
 	if err != nil {
 		return rootfs.ExtractResult{}, err
+	}
+	if dir := path.Dir(rel); parents && dir != "." {
+		if _, err := root.MkdirAll(dir, 0o755); err != nil {
+			return rootfs.ExtractResult{}, err
+		}
 	}
 	return root.Extract(rel, tar.NewReader(r), rootfs.ExtractOptions{Chown: true})
 }

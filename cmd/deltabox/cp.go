@@ -22,6 +22,7 @@ func cpCommand() *cli.Command {
 			"one to stdout (from a sandbox); -a keeps the entries' owners when extracting on the host.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "archive", Aliases: []string{"a"}, Usage: "keep uid/gid of the copied entries on the host (as root)"},
+			&cli.BoolFlag{Name: "parents", Aliases: []string{"p"}, Usage: "make the destination's missing parent directories (in the sandbox, or on the host)"},
 		},
 		Action: runCp,
 	}
@@ -58,7 +59,7 @@ func runCp(c *cli.Context) error {
 			return usagef("cp copies between the host and a sandbox: %s and %s cannot both be %s", src, dst, map[bool]string{true: "ID:PATH", false: "local"}[dremote])
 		case dremote && src == "-":
 			res.Direction = "to_sandbox"
-			r, err = newClient(c).CopyTo(c.Context, did, dpath, os.Stdin)
+			r, err = newClient(c).CopyToParents(c.Context, did, dpath, os.Stdin, c.Bool("parents"))
 		case dremote:
 			res.Direction = "to_sandbox"
 			r, err = copyToSandbox(c, src, did, dpath)
@@ -71,6 +72,10 @@ func runCp(c *cli.Context) error {
 			res.Direction = "from_sandbox"
 			if len(srcs) > 1 {
 				if err := os.MkdirAll(dst, 0o755); err != nil {
+					return err
+				}
+			} else if c.Bool("parents") {
+				if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 					return err
 				}
 			}
@@ -114,7 +119,7 @@ func copyToSandbox(c *cli.Context, local, id, dest string) (rootfs.ExtractResult
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(root.Archive(filepath.Base(abs), pw)) }()
 	defer pr.Close()
-	return newClient(c).CopyTo(c.Context, id, dest, pr)
+	return newClient(c).CopyToParents(c.Context, id, dest, pr, c.Bool("parents"))
 }
 
 // copyFromSandbox extracts the sandbox's tar stream locally with the same symlink-safe code

@@ -114,8 +114,17 @@ func readExecEvents(r io.Reader, stdout, stderr io.Writer) (api.ExitStatus, erro
 
 // CopyTo sends a tar stream into the sandbox at dest.
 func (c *Client) CopyTo(ctx context.Context, id, dest string, tarStream io.Reader) (rootfs.ExtractResult, error) {
+	return c.CopyToParents(ctx, id, dest, tarStream, false)
+}
+
+// CopyToParents is CopyTo that, with parents, first makes dest's missing parent directories.
+func (c *Client) CopyToParents(ctx context.Context, id, dest string, tarStream io.Reader, parents bool) (rootfs.ExtractResult, error) {
 	var res rootfs.ExtractResult
-	resp, err := c.sendRaw(ctx, http.MethodPut, "/sandboxes/"+url.PathEscape(id)+"/files?path="+url.QueryEscape(dest), tarStream, "application/x-tar")
+	q := url.Values{"path": {dest}}
+	if parents {
+		q.Set("parents", "true")
+	}
+	resp, err := c.sendRaw(ctx, http.MethodPut, "/sandboxes/"+url.PathEscape(id)+"/files?"+q.Encode(), tarStream, "application/x-tar")
 	if err != nil {
 		return res, err
 	}
