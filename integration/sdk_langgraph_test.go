@@ -40,6 +40,6 @@ func TestLangGraphTimeTravel(t *testing.T) {
 		"$ echo alt > /work/alt.txt -> exit 0",
 		"files after run 2: a.txt alt.txt\n",
 		"files back at the end of run 1: b.txt c.txt\n", // the checkpoint tree keeps the other branch
-		"pinned sandbox checkpoints (run starts): 1\n", // pin: the input checkpoint of run 1 only
+		"pinned sandbox checkpoints (run starts): 1\n",  // pin: the input checkpoint of run 1 only
 		"(both branches kept)")
 }
