@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -346,9 +347,35 @@ func (m *Manager) Template(name string) (Template, error) {
 // Pause freezes a leased sandbox through containerd (runc pause), so that runtime operations
 // that expect a paused task, such as a CRIU dump, see it paused. The checkpoint hot path
 // freezes the cgroup directly instead (Freezer), which is faster.
+//
+// runc gives up on a cgroup v1 freeze that does not settle within its own short bound
+// ("unable to freeze", e.g. a process of the sandbox in the middle of a fork on a loaded
+// host) and thaws again; such a pause is tried again a few times before it fails.
 func (m *Manager) Pause(ctx context.Context, id string) error {
-	return m.withTask(ctx, id, func(t containerd.Task) error { return t.Pause(ctx) })
+	return m.withTask(ctx, id, func(t containerd.Task) error {
+		return retryUnsettledFreeze(ctx, func() error { return t.Pause(ctx) })
+	})
 }
+
+// retryUnsettledFreeze runs pause until it succeeds, fails otherwise than with runc's
+// "unable to freeze", or pauseAttempts tries were made.
+func retryUnsettledFreeze(ctx context.Context, pause func() error) error {
+	var err error
+	for attempt := 0; attempt < pauseAttempts; attempt++ {
+		if err = pause(); err == nil || !strings.Contains(err.Error(), "unable to freeze") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt+1) * 20 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%w (tried %d times)", err, pauseAttempts)
+}
+
+// pauseAttempts bounds Pause's tries of a freeze that runc could not settle.
+const pauseAttempts = 5
 
 // Resume undoes Pause.
 func (m *Manager) Resume(ctx context.Context, id string) error {
