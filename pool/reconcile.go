@@ -75,6 +75,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	if err := ReserveDisks(m.rt.dir); err != nil {
 		log.L(ctx).Warn("reserve the sandbox disks (a full state root may fail their writeback)", "error", err)
 	}
+	m.rt.unpinOrphanUserNS(ctx)
 	return nil
 }
 

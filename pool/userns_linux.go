@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,8 +12,11 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/log"
 )
 
 // A sandbox's user namespace is made before its container, by a holder process (the init
@@ -124,5 +128,25 @@ func userNSSpec(path string, m IDMapping) []oci.SpecOpts {
 	return []oci.SpecOpts{
 		oci.WithUserNamespace(m.specMaps(), m.specMaps()),
 		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.UserNamespace, Path: path}),
+	}
+}
+
+// unpinOrphanUserNS drops the user namespace pins of sandbox directories whose container does
+// not exist (a daemon killed between making the namespace and creating the container).
+func (r *runtime) unpinOrphanUserNS(ctx context.Context) {
+	ents, err := os.ReadDir(r.dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if _, err := os.Lstat(r.userNSPath(e.Name())); err != nil {
+			continue
+		}
+		if _, err := r.client.LoadContainer(ctx, e.Name()); !errdefs.IsNotFound(err) {
+			continue
+		}
+		if err := r.unpinUserNS(e.Name()); err != nil {
+			log.L(ctx).Warn("drop the user namespace of a vanished sandbox", "container", e.Name(), "error", err)
+		}
 	}
 }

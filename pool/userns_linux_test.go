@@ -130,3 +130,22 @@ func TestUserNamespaceRangeSurvivesRestart(t *testing.T) {
 		t.Fatalf("a sandbox made after the restart got %v, the adopted one has %v", other.Isolation.IDMapping, before)
 	}
 }
+
+// TestOrphanUserNSUnpinnedAtStart: a user namespace pinned for a container that was never made
+// (a daemon killed mid-create) is unpinned when the next manager starts.
+func TestOrphanUserNSUnpinnedAtStart(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "containers", "dbx-orphan")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pin := filepath.Join(dir, userNSFile)
+	if err := pinNS("/proc/self/ns/user", pin); err != nil {
+		t.Fatal(err)
+	}
+	m := newTestManager(t, root)
+	defer removeAll(t, m)
+	if _, err := os.Lstat(pin); !os.IsNotExist(err) {
+		t.Fatalf("the orphan's user namespace is still pinned: %v", err)
+	}
+}
