@@ -133,7 +133,13 @@ func (m *Manager) initExitReason(ctx context.Context, sb *sandbox, ref *initRef)
 	if pidsMax > 0 {
 		why += fmt.Sprintf("; its cgroup hit the pids limit %d times", pidsMax)
 	}
-	return why, []any{"pid", ref.pid, "how", how, "oom_kills", oom, "pids_max_hits", pidsMax}
+	attrs := []any{"pid", ref.pid, "how", how, "oom_kills", oom, "pids_max_hits", pidsMax}
+	if m.rt != nil {
+		if data, err := os.ReadFile(filepath.Join(m.rt.containerDir(sb.rec.CID), "init.log")); err == nil {
+			attrs = append(attrs, "init_log", tail(data, 400)) // an init that exits on an error says it there
+		}
+	}
+	return why, attrs
 }
 
 // taskExitStatus returns the exit status containerd recorded for the container's stopped
