@@ -104,6 +104,7 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 			return 0, err // nothing changed
 		}
 	}
+	freezeAt := time.Now()
 	if err := s.frz.Freeze(ctx); err != nil {
 		if record {
 			_ = s.intents.clear() // nothing changed
@@ -139,12 +140,16 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		}
 		return time.Since(frozenAt), err
 	}
+	applied := time.Now()
 	if err := o.thaw(ctx, s); err != nil {
 		return 0, err
 	}
+	thawed := time.Now()
 	// With processes, the window ends when the copies run: until then the sandbox's own
 	// processes are gone.
 	err = o.restoreProcessCheckpoint(ctx, s, target, res)
+	log.L(ctx).Debug("rollback phases", "sandbox", s.id, "checkpoint", in.Target, "freeze", frozenAt.Sub(freezeAt),
+		"apply", applied.Sub(frozenAt), "thaw", thawed.Sub(applied), "copies", time.Since(thawed))
 	return time.Since(frozenAt), err
 }
 
