@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -60,7 +59,13 @@ func startRegistry(t *testing.T, bin string) string {
 	cfg := filepath.Join(dir, "config.yml")
 	writeFile(t, cfg, fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), addr))
 	cmd := exec.Command(bin, "serve", cfg)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	logs := &testutil.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("registry log:\n%s", logs)
+		}
+	})
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
