@@ -4,6 +4,10 @@
 // rolling back to that checkpoint, commits held effects per step or per task, and records one
 // result line per task (so an interrupted run can resume).
 //
+// The same files run across many nodes on Temporal (package pipeline/temporal, engine.go here
+// is what it uses); `failover: l3 every N steps` (or `failover: l3` on a step) asks that engine
+// for L3 failover points and is ignored by a local run.
+//
 // It owns the pipeline file format (Parse, Load), task reading (ReadTasks), the per-task step
 // engine (Run) and the result and summary records. It is a CLIENT-side engine: it talks to the
 // daemon only through the small Client interface below (satisfied by
