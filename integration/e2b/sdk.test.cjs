@@ -262,11 +262,22 @@ test('metadata: a checkpoint before every command', async (t) => {
   assert.equal(await sb.files.exists('/tmp/one'), true)
 })
 
+// viaProxy asks the egress proxy for http://example.com/ and prints its status line (busybox's
+// wget cannot resolve names in this static image).
+const viaProxy = 'p=${HTTP_PROXY#http://}; printf "GET http://example.com/ HTTP/1.1\\r\\nHost: example.com\\r\\nConnection: close\\r\\n\\r\\n" | nc -w 5 ${p%:*} ${p##*:} | head -1'
+
 test('metadata: the egress policy of the sandbox', async (t) => {
   const deny = 'version: 1\ndefault: deny\nrules: []\n'
   const sb = await create(t, { metadata: { 'deltabox.egress_policy': deny } })
-  const r = await sb.commands.run('wget -q -O- http://192.0.2.1/ 2>&1; true')
+  const r = await sb.commands.run(viaProxy)
   assert.match(r.stdout, /403|[Ff]orbidden|denied/, 'the proxy refused the request under the deny policy')
+  const offline = await create(t, { allowInternetAccess: false })
+  const r2 = await offline.commands.run(viaProxy)
+  assert.match(r2.stdout, /403|[Ff]orbidden|denied/, 'allowInternetAccess: false is a deny-all policy')
+  const online = await create(t)
+  const r3 = await online.commands.run(viaProxy)
+  assert.match(r3.stdout, /^HTTP\/1\.1 /, JSON.stringify(r3.stdout))
+  assert.doesNotMatch(r3.stdout, /403/, 'the pool itself passes GETs: the refusals above are the policies')
   await assert.rejects(create(t, { metadata: { 'deltabox.egress_policy': 'version: 1\ndefault: sideways\n' } }), /400.*egress policy/)
   await assert.rejects(create(t, { metadata: { 'deltabox.checkpoint': 'sometimes' } }), /400.*deltabox.checkpoint/)
 })

@@ -23,6 +23,9 @@ const (
 	MetaCheckpoint = "deltabox.checkpoint"
 )
 
+// denyAllPolicy is the egress policy of a sandbox created with allowInternetAccess: false.
+const denyAllPolicy = "version: 1\ndefault: deny\nrules: []\n"
+
 // cleanupTimeout bounds a release or thaw made outside a request.
 const cleanupTimeout = 2 * time.Minute
 
@@ -69,6 +72,9 @@ func (g *Gateway) create(ctx context.Context, tenant string, req newSandboxReque
 		return nil, err
 	}
 	lr := api.LeaseRequest{EgressPolicy: req.Metadata[MetaEgressPolicy], Env: envList(req.EnvVars)}
+	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess && lr.EgressPolicy == "" {
+		lr.EgressPolicy = denyAllPolicy
+	}
 	perCommand := false
 	switch v := req.Metadata[MetaCheckpoint]; v {
 	case "", "none":
