@@ -31,7 +31,7 @@ TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
 # its `daemon` verb runs bin/deltabox-daemon, the full build (cmd/deltabox/lite.go).
 build: ## build bin/deltabox (client), bin/deltabox-daemon and the static sandbox init bin/deltabox-init
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox-daemon ./cmd/deltabox
-	$(GO) build -tags cli -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox
+	$(GO) build -tags cli,urfave_cli_no_docs -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox
 	@if [ -f cmd/deltabox-init/main.go ]; then \
 		CGO_ENABLED=0 $(GO) build -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/deltabox-init ./cmd/deltabox-init; fi
 

@@ -6,8 +6,9 @@ package main
 // client, the proxy...) cost ~6 ms of init and page faults per call. `make build` therefore
 // builds cmd/deltabox twice:
 //
-//   - bin/deltabox with `-tags cli`: every client verb, and `daemon` as a stub that replaces
-//     itself (execve) with bin/deltabox-daemon, found next to it;
+//   - bin/deltabox with `-tags cli,urfave_cli_no_docs`: every client verb, and `daemon` as a
+//     stub that replaces itself (execve) with bin/deltabox-daemon, found next to it
+//     (urfave_cli_no_docs drops urfave/cli's man page renderer: `docs` has its own);
 //   - bin/deltabox-daemon without tags: the same CLI with the daemon linked in.
 //
 // A plain `go build ./cmd/deltabox` gives the full binary, which works alone. Files that
