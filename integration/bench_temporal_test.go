@@ -21,12 +21,14 @@ import (
 )
 
 // BenchmarkTemporalPipeline measures what running a pipeline through Temporal costs and
-// gains (docs/scale-out.md): 24 tasks x 5 steps of `sleep 0.2`, with the same capacity per
+// gains (docs/scale-out.md): 24 tasks x 5 steps of `sleep 1`, with the same capacity per
 // node (4 sandboxes), run (1) locally on node 1 with --parallel 4, (2) through Temporal on
 // node 1 alone (its own task queue), (3) through Temporal on three nodes. It reports the
 // dispatch overhead per step (2 against 1, as one of the 4 workers sees it), the throughput
 // of three nodes against one, and Temporal's own round trip for one no-op activity on the
-// same server (the floor of the dispatch overhead).
+// same server (the floor of the dispatch overhead). The steps wait (as an agent waits for
+// its model) rather than compute, so that the nodes' capacity, not this machine's shared
+// cores, bounds the throughput.
 func BenchmarkTemporalPipeline(b *testing.B) {
 	e1 := requireEnv(b)
 	e2 := env{bin: e1.bin, containerd: testutil.RequiresEnv(b, "DELTABOX_CONTAINERD2_ADDRESS")}
@@ -48,7 +50,7 @@ func BenchmarkTemporalPipeline(b *testing.B) {
 	var p strings.Builder
 	p.WriteString("name: tbench\npool: bb\nsteps:\n")
 	for i := range steps {
-		fmt.Fprintf(&p, "  - name: s%d\n    run: [sleep, \"0.2\"]\n", i+1)
+		fmt.Fprintf(&p, "  - name: s%d\n    run: [sleep, \"1\"]\n", i+1)
 	}
 	os.WriteFile(pfile, []byte(p.String()), 0o644)
 	var t strings.Builder
