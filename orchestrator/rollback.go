@@ -93,6 +93,7 @@ func (s *session) rollbackTarget(req api.RollbackRequest) (rollbackIntent, error
 // rollback (record) writes its intent before anything changes; a redo finds it on disk.
 // Every step after it is idempotent, so that a redo can run them again.
 func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult, record bool) (time.Duration, error) {
+	began := time.Now()
 	if record {
 		// Before the freeze, so that its fdatasync stays out of the frozen window: the
 		// session lock keeps the state and checkpoints still, and whatever the sandbox does
@@ -148,7 +149,7 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 	// With processes, the window ends when the copies run: until then the sandbox's own
 	// processes are gone.
 	err = o.restoreProcessCheckpoint(ctx, s, target, res)
-	log.L(ctx).Debug("rollback phases", "sandbox", s.id, "checkpoint", in.Target, "freeze", frozenAt.Sub(freezeAt),
+	log.L(ctx).Debug("rollback phases", "sandbox", s.id, "checkpoint", in.Target, "intent", freezeAt.Sub(began), "freeze", frozenAt.Sub(freezeAt),
 		"apply", applied.Sub(frozenAt), "thaw", thawed.Sub(applied), "copies", time.Since(thawed))
 	return time.Since(frozenAt), err
 }
