@@ -67,6 +67,14 @@ func (t *procTable) add(sandbox string, p *proc) string {
 	return id
 }
 
+// forget drops a released sandbox's procs (their commands ended with the sandbox).
+func (t *procTable) forget(sandbox string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.procs, sandbox)
+	delete(t.seq, sandbox)
+}
+
 func (t *procTable) get(sandbox, id string) (*proc, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -305,6 +305,7 @@ func (o *Orchestrator) endSession(ctx context.Context, id string) {
 	s, ok := o.sessions[id]
 	delete(o.sessions, id)
 	o.mu.Unlock()
+	o.procs.forget(id)
 	if !ok {
 		return
 	}
