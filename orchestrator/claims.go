@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/internal/atomicfile"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/pool"
@@ -45,7 +46,7 @@ func (s *session) writeClaim() error {
 	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
 		return nil // a restart on a full state root must not make the lease unusable
 	}
-	if err := writeFileAtomic(path, data, 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, data, 0o600); err != nil {
 		return fmt.Errorf("record the sandbox's container: %w", err)
 	}
 	return nil

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/atomicfile"
 )
 
 // A rollback changes the effect journal, the files and the agent state one after another.
@@ -74,7 +76,7 @@ func openIntents(dir string) (*intentLog, error) {
 			err = f.Sync()
 		}
 		if err == nil {
-			err = syncDir(dir)
+			err = atomicfile.SyncDir(dir)
 		}
 	}
 	if err != nil {
@@ -143,16 +145,6 @@ func (l *intentLog) clear() error {
 		return fmt.Errorf("clear rollback intent: %w", err)
 	}
 	return nil
-}
-
-// syncDir makes a directory's entries durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 func (l *intentLog) close() error {

@@ -6,12 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/atomicfile"
 )
 
 // nodeID returns this node's ID, stored in <root>/node-id and created on first start. It
@@ -29,7 +30,7 @@ func nodeID(root string) (string, error) {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	id := "node-" + hex.EncodeToString(b)
-	if err := writeFileAtomic(path, []byte(id+"\n"), 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("write node id: %w", err)
 	}
 	return id, nil
@@ -53,41 +54,8 @@ func installInit(src, dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	if err := writeFileAtomic(dst, data, 0o755); err != nil {
+	if err := atomicfile.WriteFile(dst, data, 0o755); err != nil {
 		return "", fmt.Errorf("install sandbox init: %w", err)
 	}
 	return dst, nil
-}
-
-// writeFileAtomic writes data to path through a synced temp file and a rename.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, bytes.NewReader(data)); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

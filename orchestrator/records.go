@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/internal/atomicfile"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/orchestrator/state"
 	"github.com/deltabox/deltabox/pool"
@@ -108,7 +109,7 @@ func (r records) writeMeta(m sessionMeta) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(r.dir, "meta.json"), data, 0o600)
+	return atomicfile.WriteFile(filepath.Join(r.dir, "meta.json"), data, 0o600)
 }
 
 // ckptNum is the number of a checkpoint ID ("7" -> 7); IDs are decimal and increase.

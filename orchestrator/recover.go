@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/deltabox/deltabox/internal/atomicfile"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/state"
 )
@@ -60,7 +61,7 @@ func (s *session) saveBaseState() error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(s.dir, baseStateFile), data, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(s.dir, baseStateFile), data, 0o600); err != nil {
 		return fmt.Errorf("record the lease state: %w", err)
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/internal/atomicfile"
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
@@ -61,7 +62,7 @@ func (s *session) applySeed(seed *sessionSeed) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(s.dir, inheritedFile), data, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(s.dir, inheritedFile), data, 0o600); err != nil {
 		return fmt.Errorf("record inherited checkpoints: %w", err)
 	}
 	s.inherited = seed.history

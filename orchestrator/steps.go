@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/deltabox/deltabox/internal/atomicfile"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
@@ -168,7 +169,7 @@ func (l *stepLog) trimLocked(keep int) error {
 		data, _ := json.Marshal(st)
 		buf.Write(append(data, '\n'))
 	}
-	if err := writeFileAtomic(l.path, buf.Bytes(), 0o600); err != nil {
+	if err := atomicfile.WriteFile(l.path, buf.Bytes(), 0o600); err != nil {
 		return err
 	}
 	l.n = len(all)

@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/deltabox/deltabox/internal/atomicfile"
 )
 
 // serverCert loads the configured certificate, or the self-signed one kept in o.TLSDir (made
@@ -81,10 +83,13 @@ func selfSign(address, certFile, keyFile string) error {
 	if err := os.MkdirAll(filepath.Dir(certFile), 0o700); err != nil {
 		return fmt.Errorf("api self-signed certificate: %w", err)
 	}
-	if err := writeFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		return err
+	if err := atomicfile.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", keyFile, err)
 	}
-	return writeFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	if err := atomicfile.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", certFile, err)
+	}
+	return nil
 }
 
 // certNames are the names a self-signed certificate covers.
@@ -108,30 +113,6 @@ func certNames(address string) ([]string, []net.IP) {
 		}
 	}
 	return dns, ips
-}
-
-// writeFile writes data to path atomically (temp file, fsync, rename) with mode.
-func writeFile(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }
 
 // fingerprint is the SHA-256 of a DER certificate, as colon-separated hex.

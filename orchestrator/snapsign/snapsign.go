@@ -22,6 +22,8 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/atomicfile"
 )
 
 // Algorithm names the signature scheme in a Signature document.
@@ -117,7 +119,7 @@ func create(path string) (*Signer, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot signing key: %w", err)
 	}
-	if err := writeAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 		return nil, fmt.Errorf("write snapshot signing key: %w", err)
 	}
 	s := &Signer{key: key}
@@ -151,41 +153,10 @@ func writePublic(path string, pub ed25519.PublicKey) error {
 	if cur, err := os.ReadFile(path); err == nil && string(cur) == string(want) {
 		return nil
 	}
-	if err := writeAtomic(path, want, 0o644); err != nil {
+	if err := atomicfile.WriteFile(path, want, 0o644); err != nil {
 		return fmt.Errorf("write snapshot public key: %w", err)
 	}
 	return nil
-}
-
-// writeAtomic writes data to path through a synced temp file, a rename and a directory sync.
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	err = f.Chmod(mode)
-	if err == nil {
-		_, err = f.Write(data)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // Verifier holds the trusted public keys, by fingerprint.
