@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/atomicfile"
 )
 
 const (
@@ -116,10 +118,14 @@ func createCA(dir string, now time.Time) (certPEM, keyPEM []byte, err error) {
 	}
 	keyPEM = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 	certPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	if err := writeFileAtomic(filepath.Join(dir, caKeyFile), keyPEM, 0o600); err != nil {
-		return nil, nil, err
+	keyPath, certPath := filepath.Join(dir, caKeyFile), filepath.Join(dir, caCertFile)
+	if err := atomicfile.WriteFile(keyPath, keyPEM, 0o600); err != nil {
+		return nil, nil, fmt.Errorf("write %s: %w", keyPath, err)
 	}
-	return certPEM, keyPEM, writeFileAtomic(filepath.Join(dir, caCertFile), certPEM, 0o644)
+	if err := atomicfile.WriteFile(certPath, certPEM, 0o644); err != nil {
+		return certPEM, keyPEM, fmt.Errorf("write %s: %w", certPath, err)
+	}
+	return certPEM, keyPEM, nil
 }
 
 func parseCA(certPEM, keyPEM []byte) (*authority, error) {
@@ -206,41 +212,4 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// writeFileAtomic writes data to a temp file, fsyncs it and renames it over path.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path))
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if err = tmp.Chmod(perm); err == nil {
-		_, err = tmp.Write(data)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err == nil {
-		err = syncDir(filepath.Dir(path))
-	}
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

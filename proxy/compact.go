@@ -8,6 +8,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/internal/atomicfile"
 	"github.com/deltabox/deltabox/internal/log"
 )
 
@@ -98,7 +99,7 @@ func (j *journal) compact() error {
 	if err := os.Rename(tmp.Name(), j.path); err != nil {
 		return fmt.Errorf("replace journal: %w", err)
 	}
-	if err := syncDir(filepath.Dir(j.path)); err != nil {
+	if err := atomicfile.SyncDir(filepath.Dir(j.path)); err != nil {
 		// The rename may or may not survive a crash; either file is a whole journal.
 		return fmt.Errorf("sync journal dir: %w", err)
 	}

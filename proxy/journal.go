@@ -16,6 +16,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/deltabox/deltabox/internal/atomicfile"
 	"github.com/deltabox/deltabox/internal/log"
 )
 
@@ -144,7 +145,7 @@ func openJournal(ctx context.Context, path string) (*journal, error) {
 func openJournalFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
 	if err == nil {
-		if err := syncDir(filepath.Dir(path)); err != nil {
+		if err := atomicfile.SyncDir(filepath.Dir(path)); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("sync journal dir: %w", err)
 		}
