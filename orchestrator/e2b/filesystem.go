@@ -104,6 +104,15 @@ func fileMode(st *unix.Stat_t) fs.FileMode {
 	return m
 }
 
+// statEntry describes the entry at rel (shown as abs) without following a symlink there.
+func statEntry(root *rootfs.Root, rel, abs string) (entryInfo, error) {
+	st, err := root.Lstat(rel)
+	if err != nil {
+		return entryInfo{}, err
+	}
+	return entry(root, rel, abs, &st, newIDNames(root)), nil
+}
+
 func (g *Gateway) stat(ctx context.Context, sb *sandbox, req *pathRequest) (*entryResponse, error) {
 	rel, abs, err := sb.resolve(req.Path)
 	if err != nil {
@@ -111,12 +120,9 @@ func (g *Gateway) stat(ctx context.Context, sb *sandbox, req *pathRequest) (*ent
 	}
 	var out entryResponse
 	err = g.withRoot(ctx, sb, func(root *rootfs.Root) error {
-		st, err := root.Lstat(rel)
-		if err != nil {
-			return err
-		}
-		out.Entry = entry(root, rel, abs, &st, newIDNames(root))
-		return nil
+		e, err := statEntry(root, rel, abs)
+		out.Entry = e
+		return err
 	})
 	return &out, err
 }
@@ -135,12 +141,9 @@ func (g *Gateway) makeDir(ctx context.Context, sb *sandbox, req *pathRequest) (*
 		if !made {
 			return fmt.Errorf("directory %s already exists: %w", abs, errdefs.ErrAlreadyExists)
 		}
-		st, err := root.Lstat(rel)
-		if err != nil {
-			return err
-		}
-		out.Entry = entry(root, rel, abs, &st, newIDNames(root))
-		return nil
+		e, err := statEntry(root, rel, abs)
+		out.Entry = e
+		return err
 	})
 	return &out, err
 }
@@ -159,12 +162,9 @@ func (g *Gateway) move(ctx context.Context, sb *sandbox, req *moveRequest) (*ent
 		if err := root.Rename(src, dst); err != nil {
 			return err
 		}
-		st, err := root.Lstat(dst)
-		if err != nil {
-			return err
-		}
-		out.Entry = entry(root, dst, dabs, &st, newIDNames(root))
-		return nil
+		e, err := statEntry(root, dst, dabs)
+		out.Entry = e
+		return err
 	})
 	return &out, err
 }
