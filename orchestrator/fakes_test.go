@@ -52,6 +52,28 @@ type fakeFiles struct {
 	rollbacks int
 	failRoll  error
 	deleted   []string
+	// unwritten: a Deferred rollback's record is not yet written; disk* is the head a
+	// crash leaves until it is (crash). failPersist fails the next PersistRollback.
+	unwritten   bool
+	diskHead    string
+	diskMeta    []byte
+	failPersist error
+}
+
+func (f *fakeFiles) PersistRollback() error {
+	if err := f.failPersist; err != nil {
+		f.failPersist = nil
+		return err
+	}
+	f.unwritten = false
+	return nil
+}
+
+// crash drops what a killed daemon had not written: an unwritten rollback record.
+func (f *fakeFiles) crash() {
+	if f.unwritten {
+		f.head, f.headMeta, f.unwritten = f.diskHead, f.diskMeta, false
+	}
 }
 
 func newFakeFiles() *fakeFiles { return &fakeFiles{meta: map[string][]byte{}} }
@@ -61,6 +83,7 @@ func (f *fakeFiles) Meta(id string) ([]byte, error) { return f.meta[id], nil }
 func (f *fakeFiles) Head() string                   { return f.head }
 func (f *fakeFiles) HeadMeta() []byte               { return f.headMeta }
 func (f *fakeFiles) Prepare(_ context.Context, req overlay.CaptureRequest) (pendingFiles, error) {
+	f.unwritten = false // the store writes the record before the capture's
 	return &fakePending{f: f, id: req.ID}, nil
 }
 func (f *fakeFiles) Rollback(_ context.Context, req overlay.RollbackRequest) (*overlay.RollbackResult, error) {
@@ -82,11 +105,16 @@ func (f *fakeFiles) Rollback(_ context.Context, req overlay.RollbackRequest) (*o
 	if i < 0 {
 		return nil, fmt.Errorf("checkpoint %s: %w", req.Target, errdefs.ErrNotFound)
 	}
+	if req.Deferred && !f.unwritten {
+		f.diskHead, f.diskMeta = f.head, f.headMeta
+	}
+	f.unwritten = req.Deferred
 	f.head, f.headMeta, f.files = req.Target, req.Meta, req.Target
 	f.rollbacks++
 	return &overlay.RollbackResult{FilesRestored: 1}, nil
 }
 func (f *fakeFiles) Delete(_ context.Context, id string, merge ...overlay.MetaMerge) error {
+	f.unwritten = false
 	for _, kid := range f.ids {
 		var r ckptRecord
 		_ = json.Unmarshal(f.meta[kid], &r)
@@ -323,6 +351,7 @@ func (r *rig) reopen() {
 	if r.s != nil {
 		_ = r.s.intents.close()
 	}
+	r.fs.crash()
 	var st stateStore = r.st
 	if r.ss != nil {
 		st = r.ss

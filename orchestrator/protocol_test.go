@@ -199,7 +199,7 @@ func TestCommitDoesNotBlockOnHungSend(t *testing.T) {
 // TestRollbackIntentRedo is issue 12.2: a rollback that dies after its files were restored
 // (state and effects not yet) is finished at start, before the sandbox runs.
 func TestRollbackIntentRedo(t *testing.T) {
-	for _, point := range []string{"rollback/after-effects", "rollback/after-files", "rollback/after-state", "rollback/before-clear"} {
+	for _, point := range []string{"rollback/after-effects", "rollback/after-files", "rollback/after-state", "rollback/before-clear", "rollback/after-thaw"} {
 		t.Run(point, func(t *testing.T) {
 			r := newRig(t, 64)
 			c2 := r.checkpoint()
@@ -221,9 +221,9 @@ func TestRollbackIntentRedo(t *testing.T) {
 			if r.frz.isFrozen() {
 				t.Fatal("sandbox still frozen after start-up")
 			}
-			if r.fs.files != c2 || r.st.Seq() == from || r.fx.status(1) != "dropped" {
-				t.Fatalf("after redo: files at %s, state seq %d (was %d), effect %s; want all at %s",
-					r.fs.files, r.st.Seq(), from, r.fx.status(1), c2)
+			if r.fs.files != c2 || r.fs.head != c2 || r.fs.unwritten || r.st.Seq() == from || r.fx.status(1) != "dropped" {
+				t.Fatalf("after redo: files at %s (head %s, record unwritten %v), state seq %d (was %d), effect %s; want all at %s",
+					r.fs.files, r.fs.head, r.fs.unwritten, r.st.Seq(), from, r.fx.status(1), c2)
 			}
 			if got := ids(r.s.ckpts); len(got) != 3 || r.s.head != c2 {
 				t.Fatalf("checkpoints after redo: %v head %s, want all kept and the head at %s", got, r.s.head, c2)
@@ -267,6 +267,37 @@ func TestRollbackPendingOnFullDisk(t *testing.T) {
 	}
 	if r.s.pending != nil || r.st.Seq() == 0 {
 		t.Fatal("the commit did not finish the pending rollback first")
+	}
+}
+
+// TestRollbackRecordWrittenAfterThaw: the file store's record of a rollback is written after
+// the thaw; until it is, the intent stays. When writing it fails (full disk), the sandbox
+// runs (thawed), the rollback is pending, and the next checkpoint finishes it first: files
+// again at the target, the record written, the intent cleared.
+func TestRollbackRecordWrittenAfterThaw(t *testing.T) {
+	r := newRig(t, 64)
+	c2 := r.checkpoint()
+	r.patch()
+	r.checkpoint()
+	r.fs.failPersist = syscall.ENOSPC
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("rollback whose record cannot be written = %v", err)
+	}
+	if r.frz.isFrozen() {
+		t.Fatal("sandbox left frozen")
+	}
+	if in, _ := r.s.intents.read(); in == nil || r.s.pending == nil || !r.fs.unwritten {
+		t.Fatalf("record not written, but intent %+v pending %v", in, r.s.pending)
+	}
+	r.fs.files = "dirty" // the sandbox ran meanwhile
+	n := r.fs.rollbacks
+	r.checkpoint()
+	if r.fs.rollbacks != n+1 || r.s.pending != nil || r.fs.unwritten {
+		t.Fatalf("checkpoint did not finish the rollback first: %d rollbacks (was %d), pending %v, unwritten %v",
+			r.fs.rollbacks, n, r.s.pending, r.fs.unwritten)
+	}
+	if in, _ := r.s.intents.read(); in != nil {
+		t.Fatalf("intent left: %+v", in)
 	}
 }
 

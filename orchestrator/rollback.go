@@ -19,9 +19,10 @@ import (
 
 // Rollback returns a sandbox's files, agent state and held effects to a checkpoint, in place:
 // record the rollback intent, freeze, stop the processes started since, drop the effects,
-// restore files through the merged mount, undo the state ops, discard the later checkpoints,
-// clear the intent, thaw. A rollback that fails after its intent was recorded stays pending:
-// it is finished before the sandbox's next checkpoint operation (or at start, after a crash).
+// restore files through the merged mount, undo the state ops, thaw, then write the file
+// store's record of the new head and clear the intent (see settle). A rollback that fails
+// after its intent was recorded stays pending: it is finished before the sandbox's next
+// checkpoint operation (or at start, after a crash).
 func (o *Orchestrator) Rollback(ctx context.Context, id string, req api.RollbackRequest) (api.RollbackResult, error) {
 	s, err := o.session(ctx, id)
 	if err != nil {
@@ -125,16 +126,15 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 			return 0, err
 		}
 	}
-	if err == nil {
-		err = s.intents.clear()
-	}
 	if err != nil {
 		s.pending = &in
-		return 0, fmt.Errorf("%w (the rollback is pending: it is finished before the sandbox's next checkpoint, rollback or commit)", err)
+		return 0, pendingError(err)
 	}
-	s.pending = nil
 	target := s.ckpts[s.find(in.Target)]
 	if target.Level == api.LevelL3 {
+		if err := o.settle(s, in); err != nil {
+			return 0, err
+		}
 		err := o.restoreProcesses(ctx, s, target)
 		if err == nil && target.ProcCkpt != nil { // a checkpoint with processes kept by CRIU
 			res.ProcessesRestored = len(target.ProcCkpt.Procs)
@@ -143,15 +143,46 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 	}
 	applied := time.Now()
 	if err := o.thaw(ctx, s); err != nil {
-		return 0, err
+		s.pending = &in
+		return 0, pendingError(err)
 	}
 	thawed := time.Now()
 	// With processes, the window ends when the copies run: until then the sandbox's own
 	// processes are gone.
 	err = o.restoreProcessCheckpoint(ctx, s, target, res)
+	frozen, copied := time.Since(frozenAt), time.Now()
+	if serr := o.settle(s, in); serr != nil {
+		return 0, serr
+	}
 	log.L(ctx).Debug("rollback phases", "sandbox", s.id, "checkpoint", in.Target, "intent", freezeAt.Sub(began), "freeze", frozenAt.Sub(freezeAt),
-		"apply", applied.Sub(frozenAt), "thaw", thawed.Sub(applied), "copies", time.Since(thawed))
-	return time.Since(frozenAt), err
+		"apply", applied.Sub(frozenAt), "thaw", thawed.Sub(applied), "copies", copied.Sub(thawed), "record", time.Since(copied))
+	return frozen, err
+}
+
+// settle ends a rollback whose steps are done: the file store's record of the new head is
+// written (durably; after the thaw, since the files' rollback defers it), then the intent is
+// cleared. Until the record is durable the intent stays: a crash in between redoes the
+// rollback at start, and a failure leaves it pending. The session lock is held, so nothing
+// else sees the sandbox's checkpoints before the record is written.
+func (o *Orchestrator) settle(s *session, in rollbackIntent) error {
+	err := failpoint.Inject("rollback/after-thaw")
+	if err == nil {
+		err = s.fs.PersistRollback()
+	}
+	if err == nil {
+		err = s.intents.clear()
+	}
+	if err != nil {
+		s.pending = &in
+		return pendingError(err)
+	}
+	s.pending = nil
+	return nil
+}
+
+// pendingError says that a rollback failed after it began, and stays pending.
+func pendingError(err error) error {
+	return fmt.Errorf("%w (the rollback is pending: it is finished before the sandbox's next checkpoint, rollback or commit)", err)
 }
 
 // applyRollback does the steps of a recorded rollback: the processes started since the
@@ -182,6 +213,7 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	began := false
 	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: merged, Upper: s.sb.Layout.Upper,
 		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs)), Meta: headMeta,
+		Deferred: true, // written by settle, after the thaw
 		BeforeWrite: func() error {
 			began = true
 			return o.stopNewer(ctx, s, in, target, procs, res)

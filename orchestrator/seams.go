@@ -31,6 +31,7 @@ type fileStore interface {
 	HeadMeta() []byte
 	Prepare(ctx context.Context, req overlay.CaptureRequest) (pendingFiles, error)
 	Rollback(ctx context.Context, req overlay.RollbackRequest) (*overlay.RollbackResult, error)
+	PersistRollback() error // writes a Deferred rollback's record
 	Delete(ctx context.Context, id string, merge ...overlay.MetaMerge) error
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error

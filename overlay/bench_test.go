@@ -3,6 +3,7 @@
 package overlay
 
 import (
+	"context"
 	"fmt"
 	"io/fs"
 	"os"
@@ -135,11 +136,18 @@ func BenchmarkCaptureTree(b *testing.B) {
 
 // BenchmarkRollbackStep undoes one step: 10 changed files captured in a checkpoint after the
 // target, rolled back to the target (which discards that checkpoint).
-func BenchmarkRollbackStep(b *testing.B) {
+func BenchmarkRollbackStep(b *testing.B) { rollbackStep(b, false) }
+
+// BenchmarkRollbackStepDeferred is BenchmarkRollbackStep with the record deferred, as the
+// daemon rolls back: the latency is the part done while the sandbox is frozen; the record
+// written after (PersistRollback) is reported as persist-p50-ns.
+func BenchmarkRollbackStepDeferred(b *testing.B) { rollbackStep(b, true) }
+
+func rollbackStep(b *testing.B, deferred bool) {
 	f := newFixture(b, nil)
 	paths := benchTree(b, f, 5000)
 	f.capture(b, "base", L2)
-	var lat, cpu latencies
+	var lat, cpu, persist latencies
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
@@ -147,14 +155,23 @@ func BenchmarkRollbackStep(b *testing.B) {
 		f.capture(b, fmt.Sprintf("step%d", i), L1) // checkpoints are a tree: rollback deletes none
 		b.StartTimer()
 		start, c0 := time.Now(), cpuTime()
-		res := f.rollback(b, "base")
+		res, err := f.s.Rollback(context.Background(), RollbackRequest{Merged: f.merged, Upper: f.upper,
+			Lower: []string{f.lower}, Target: "base", Deferred: deferred})
 		lat, cpu = append(lat, time.Since(start)), append(cpu, cpuTime()-c0)
-		if res.FilesRestored < 10 {
-			b.Fatalf("restored %d files, want >= 10", res.FilesRestored)
+		if err != nil || res.FilesRestored < 10 {
+			b.Fatalf("rollback: %v, want >= 10 files restored", err)
+		}
+		if deferred {
+			start = time.Now()
+			must(b, f.s.PersistRollback())
+			persist = append(persist, time.Since(start))
 		}
 	}
 	lat.report(b)
 	cpu.reportAs(b, "cpu-")
+	if deferred {
+		persist.reportAs(b, "persist-")
+	}
 }
 
 // BenchmarkVerify is a full Verify (5,000 4 KiB files, contents compared) right after a capture.

@@ -97,6 +97,10 @@ func (p *PendingCapture) Commit(meta []byte) (*CaptureResult, error) {
 		return nil, fmt.Errorf("capture %s: the checkpoint record is not JSON: %w", m.ID, errdefs.ErrInvalidArgument)
 	}
 	m.Meta = meta
+	if err := s.persistRollback(); err != nil { // the manifest names its nonce: on disk first
+		p.pw.abort()
+		return nil, fmt.Errorf("capture %s: %w", m.ID, err)
+	}
 	if err := p.pw.commit(m, filepath.Join(s.dir, m.ID+packSuffix)); err != nil {
 		p.pw.abort()
 		return nil, fmt.Errorf("capture %s: %w", m.ID, err)

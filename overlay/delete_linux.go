@@ -26,6 +26,9 @@ func (s *Store) Delete(ctx context.Context, id string, merge ...MetaMerge) error
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.prepareTemp()
+	if err := s.persistRollback(); err != nil {
+		return fmt.Errorf("delete checkpoint: %w", err)
+	}
 	pos, err := s.lookup(id)
 	if err != nil {
 		return fmt.Errorf("delete checkpoint: %w", err)

@@ -89,7 +89,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 	if err := restoreRoot(fds, root); err != nil {
 		return nil, err
 	}
-	if err := s.finishRollback(pos, fds.upper, res, pl, target, req.Meta); err != nil {
+	if err := s.finishRollback(pos, fds.upper, res, pl, target, req.Meta, req.Deferred); err != nil {
 		return nil, err
 	}
 	if s.trk != nil { // the next capture checks the rewritten paths again, events or not
@@ -198,11 +198,33 @@ func (s *Store) changedBetween(pos int, target map[string]*Entry, res *scanResul
 
 // finishRollback moves the index to the new upper dir and records the rollback, which makes
 // the target the head (durable once renamed and its directory fsynced: a crash before leaves
-// the old head, and the next capture records the rewritten paths again).
-func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, target map[string]*Entry, meta []byte) error {
+// the old head, and the next capture records the rewritten paths again). Deferred, the record
+// is only kept in memory, for PersistRollback.
+func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, target map[string]*Entry, meta []byte, deferred bool) error {
 	s.idx.apply(res)
 	s.reindex(upperfd, pl, target)
 	rec := &rollbackRecord{Nonce: nonce(), Target: s.chain[pos].ID, Index: s.indexDelta(pos, res, pl), Meta: meta}
+	if !deferred {
+		if err := s.writeRollback(rec); err != nil {
+			return err
+		}
+	}
+	s.unwritten = deferred
+	s.pending = rec
+	s.head = rec.Target
+	s.state = target
+	s.root = s.foldRoot(pos)
+	var st unix.Stat_t
+	if unix.Fstat(upperfd, &st) == nil {
+		s.rootKey = keyOf(&st)
+	} else {
+		s.rootKey = Key{} // unknown: the next capture describes the root again
+	}
+	return nil
+}
+
+// writeRollback writes a rollback record durably: temp file, fdatasync, rename, dir fsync.
+func (s *Store) writeRollback(rec *rollbackRecord) error {
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -214,19 +236,33 @@ func (s *Store) finishRollback(pos, upperfd int, res *scanResult, pl *plan, targ
 	if err := writeFileRenamed(f, filepath.Join(s.dir, rollbackFile), data, s.opts.sync); err != nil {
 		return fmt.Errorf("record rollback: %w", err)
 	}
-	s.pending = rec
-	s.head = rec.Target
-	s.state = target
-	s.root = s.foldRoot(pos)
-	var st unix.Stat_t
-	if unix.Fstat(upperfd, &st) == nil {
-		s.rootKey = keyOf(&st)
-	} else {
-		s.rootKey = Key{} // unknown: the next capture describes the root again
-	}
 	if s.opts.sync {
-		return syncDir(s.dir)
+		if err := syncDir(s.dir); err != nil {
+			return fmt.Errorf("record rollback: %w", err)
+		}
 	}
+	return nil
+}
+
+// PersistRollback writes the record of a Deferred rollback (nothing when there is none).
+// Once it returns, a crash leaves the rollback's target the head. A failure keeps the
+// record in memory; the call can be retried.
+func (s *Store) PersistRollback() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.prepareTemp()
+	return s.persistRollback()
+}
+
+// persistRollback is PersistRollback with s.mu held.
+func (s *Store) persistRollback() error {
+	if !s.unwritten || s.pending == nil {
+		return nil
+	}
+	if err := s.writeRollback(s.pending); err != nil {
+		return err
+	}
+	s.unwritten = false
 	return nil
 }
 

@@ -141,3 +141,49 @@ func coveredBy(paths []string, p string) bool {
 	}
 	return false
 }
+
+// TestDeferredRollbackRecord: a Deferred rollback moves the head in memory only; a crash
+// (reopen) before PersistRollback finds the old head on disk, and rolling back again reaches
+// the target; once persisted, the target is the head across a reopen; a capture on top of an
+// unwritten record writes it first, so the capture's manifest never names a missing record.
+func TestDeferredRollbackRecord(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	want := walkTree(t, f.merged)
+	putFile(t, f.m("data/a.txt"), "one")
+	f.capture(t, "c1", L1)
+	deferred := func(target string) {
+		t.Helper()
+		putFile(t, f.m("data/b.txt"), "uncaptured")
+		_, err := f.s.Rollback(t.Context(), RollbackRequest{Merged: f.merged, Upper: f.upper, Lower: []string{f.lower},
+			Target: target, Meta: []byte(`{"to":"` + target + `"}`), Deferred: true})
+		must(t, err)
+		if f.s.Head() != target {
+			t.Fatalf("head after a deferred rollback %s, want %s", f.s.Head(), target)
+		}
+	}
+	deferred("c0")
+	f.reopen(t) // killed before the record was written
+	if f.s.Head() != "c1" || f.s.HeadMeta() != nil {
+		t.Fatalf("after a crash before the record: head %s meta %s, want c1", f.s.Head(), f.s.HeadMeta())
+	}
+	deferred("c0") // the redo
+	assertTree(t, want, walkTree(t, f.merged), true)
+	must(t, f.s.PersistRollback())
+	must(t, f.s.PersistRollback()) // nothing left to write
+	f.reopen(t)
+	if f.s.Head() != "c0" || string(f.s.HeadMeta()) != `{"to":"c0"}` {
+		t.Fatalf("after the record: head %s meta %s, want c0", f.s.Head(), f.s.HeadMeta())
+	}
+	assertTree(t, want, walkTree(t, f.merged), true)
+	deferred("c1")
+	putFile(t, f.m("data/c.txt"), "captured")
+	f.capture(t, "c2", L1)
+	f.reopen(t)
+	if f.s.Head() != "c2" {
+		t.Fatalf("after a capture on an unwritten rollback and a reopen: head %s, want c2", f.s.Head())
+	}
+	if p, err := f.s.Parent("c2"); err != nil || p != "c1" {
+		t.Fatalf("parent of c2 = %q, %v; want c1", p, err)
+	}
+}

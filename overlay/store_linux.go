@@ -40,10 +40,12 @@ type Store struct {
 	root    *Entry              // the upper dir's own metadata at the head
 	rootKey Key                 // its change-detection key (zero: unknown, record it again)
 	pending *rollbackRecord     // rollback not yet absorbed by a capture
-	trk     *tracker            // change tracker of the upper dir (nil until the first scan)
-	spare   chan *os.File       // an empty temp file made in the background (see tempFile)
-	bg      sync.WaitGroup      // background temp file creation
-	damaged []Damage            // checkpoints set aside as damaged (see setAside)
+	// unwritten: pending is a Deferred rollback's record, not yet on disk (PersistRollback).
+	unwritten bool
+	trk       *tracker       // change tracker of the upper dir (nil until the first scan)
+	spare     chan *os.File  // an empty temp file made in the background (see tempFile)
+	bg        sync.WaitGroup // background temp file creation
+	damaged   []Damage       // checkpoints set aside as damaged (see setAside)
 }
 
 // Option configures a Store.

@@ -122,6 +122,12 @@ type RollbackRequest struct {
 	// the rollback with nothing written. A rollback that fails before it (a damaged target:
 	// DamageError) has changed nothing.
 	BeforeWrite func() error
+	// Deferred leaves the rollback's record unwritten: the store's head moves to the target
+	// in memory only, and the caller writes the record with PersistRollback once it has
+	// thawed the sandbox (so that the write and its syncs stay out of the frozen window).
+	// Until then a crash leaves the old head on disk (the caller's own intent must redo the
+	// rollback); the next Capture, Delete or Rollback writes it first.
+	Deferred bool
 }
 
 // RollbackResult lists what a rollback restored.
