@@ -177,6 +177,18 @@ func (g *Gateway) remove(ctx context.Context, sb *sandbox, req *pathRequest) (*e
 	return &empty{}, g.withRoot(ctx, sb, func(root *rootfs.Root) error { return root.RemoveAll(rel) })
 }
 
+// checkDir answers whether rel (shown as abs) is a directory, not following a symlink there.
+func checkDir(root *rootfs.Root, rel, abs string) error {
+	st, err := root.Lstat(rel)
+	if err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("%s is not a directory: %w", abs, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
 func (g *Gateway) listDir(ctx context.Context, sb *sandbox, req *listDirRequest) (*listDirResponse, error) {
 	rel, abs, err := sb.resolve(req.Path)
 	if err != nil {
@@ -191,12 +203,8 @@ func (g *Gateway) listDir(ctx context.Context, sb *sandbox, req *listDirRequest)
 	}
 	out := listDirResponse{Entries: []entryInfo{}}
 	err = g.withRoot(ctx, sb, func(root *rootfs.Root) error {
-		st, err := root.Lstat(rel)
-		if err != nil {
+		if err := checkDir(root, rel, abs); err != nil {
 			return err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return fmt.Errorf("%s is not a directory: %w", abs, errdefs.ErrInvalidArgument)
 		}
 		return walk(root, rel, abs, depth, newIDNames(root), &out.Entries)
 	})

@@ -3,10 +3,14 @@ package e2b
 import (
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
-// TestFilesystemStatMakeDirMove checks the entries Stat, MakeDir and Move answer with.
+// TestFilesystemStatMakeDirMove checks the entries Stat, MakeDir and Move answer with, and that
+// ListDir and CreateWatcher refuse a path that is not a directory.
 func TestFilesystemStatMakeDirMove(t *testing.T) {
 	f := newFake(t)
 	srv := newTestGateway(t, f, Options{})
@@ -37,5 +41,14 @@ func TestFilesystemStatMakeDirMove(t *testing.T) {
 	}
 	if status, _ := rpc("Stat", map[string]any{"path": "/d"}); status == http.StatusOK {
 		t.Errorf("Stat of the moved-away path succeeded")
+	}
+	if err := os.WriteFile(filepath.Join(f.root(c.SandboxID), "file"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"ListDir", "CreateWatcher"} {
+		status, raw := call(t, "POST", srv.URL+"/filesystem.Filesystem/"+m, "", map[string]any{"path": "/file"}, hdr...)
+		if status != http.StatusBadRequest || !strings.Contains(string(raw), "/file is not a directory") {
+			t.Errorf("%s of a file = %d %s, want 400 \"/file is not a directory\"", m, status, raw)
+		}
 	}
 }

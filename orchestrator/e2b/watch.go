@@ -92,14 +92,11 @@ func (g *Gateway) newPoller(ctx context.Context, sb *sandbox, req *watchRequest)
 	}
 	p := &poller{g: g, sb: sb, rel: rel, recursive: req.Recursive}
 	err = g.withRoot(ctx, sb, func(root *rootfs.Root) error {
-		st, err := root.Lstat(rel)
-		if err != nil {
+		if err := checkDir(root, rel, abs); err != nil {
 			return err
 		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return fmt.Errorf("%s is not a directory: %w", abs, errdefs.ErrInvalidArgument)
-		}
-		p.last, err = scan(root, rel, req.Recursive)
+		last, err := scan(root, rel, req.Recursive)
+		p.last = last
 		return err
 	})
 	return p, err
