@@ -152,18 +152,9 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 
 // sendRaw issues a request with the given body and content type.
 func (c *Client) sendRaw(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
-	if c.err != nil {
-		return nil, c.err
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+api.Version+path, body)
+	req, err := c.newRequest(ctx, method, path, body, contentType)
 	if err != nil {
 		return nil, err
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.http.Do(req)
 	if uerr := (*url.Error)(nil); errors.As(err, &uerr) {
@@ -183,6 +174,25 @@ func (c *Client) sendRaw(ctx context.Context, method, path string, body io.Reade
 		return nil, decodeError(resp)
 	}
 	return resp, nil
+}
+
+// newRequest builds a request to the daemon's API (path and query under /v1) with the
+// client's token and, when given, the content type.
+func (c *Client) newRequest(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Request, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+api.Version+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	return req, nil
 }
 
 func decodeError(resp *http.Response) error {

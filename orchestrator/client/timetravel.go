@@ -42,18 +42,9 @@ func (c *Client) StateAt(ctx context.Context, id, ckpt, pointer string) (json.Ra
 // content type) and returns the daemon's response, errors included; for local proxies such
 // as `deltabox ui`. The caller closes the body.
 func (c *Client) Forward(ctx context.Context, method, pathAndQuery string, body io.Reader, contentType string) (*http.Response, error) {
-	if c.err != nil {
-		return nil, c.err
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+api.Version+pathAndQuery, body)
+	req, err := c.newRequest(ctx, method, pathAndQuery, body, contentType)
 	if err != nil {
 		return nil, err
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
 	}
 	return c.http.Do(req)
 }
