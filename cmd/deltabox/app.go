@@ -34,7 +34,7 @@ type exitCodeError struct{ code int }
 func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	rawArgs = args
+	keepArgs(args)
 	app := newApp(stdout, stderr)
 	if len(args) == 0 || args[len(args)-1] != completionFlag { // urfave/cli wants it last
 		args = reorderArgs(app, args)

@@ -14,12 +14,4 @@ package main
 // A plain `go build ./cmd/deltabox` gives the full binary, which works alone. Files that
 // import the daemon's packages carry `//go:build !cli`; TestCLIBuildIsLight keeps it so.
 
-const (
-	daemonUsage = "run the DeltaBox node agent (as root)"
-	// daemonBinary is the full build the cli build hands `daemon` over to.
-	daemonBinary = "deltabox-daemon"
-)
-
-// rawArgs are the command line as given (before reorderArgs), for handing over to the full
-// binary unchanged.
-var rawArgs []string
+const daemonUsage = "run the DeltaBox node agent (as root)"

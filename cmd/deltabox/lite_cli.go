@@ -11,6 +11,15 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
+// daemonBinary is the full build the cli build hands `daemon` over to.
+const daemonBinary = "deltabox-daemon"
+
+// rawArgs are the command line as given (before reorderArgs), for handing over to the full
+// binary unchanged.
+var rawArgs []string
+
+func keepArgs(args []string) { rawArgs = args }
+
 // daemonCommand in the cli build hands the whole command line over to deltabox-daemon.
 func daemonCommand() *cli.Command { return handedOver("daemon", daemonUsage) }
 

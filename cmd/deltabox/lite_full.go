@@ -1,0 +1,6 @@
+//go:build !cli
+
+package main
+
+// keepArgs is a no-op in the full build: it hands nothing over (see lite_cli.go).
+func keepArgs([]string) {}
