@@ -104,6 +104,16 @@ func checkpoint(t *testing.T, tr *Tracer, pid int) *Template {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tp := template(t, p)
+	if err := p.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	return tp
+}
+
+// template waits for the seized p to stop and makes its template, released at cleanup.
+func template(t *testing.T, p *Proc) *Template {
+	t.Helper()
 	if err := p.Wait(); err != nil {
 		t.Fatal(err)
 	}
@@ -112,9 +122,6 @@ func checkpoint(t *testing.T, tr *Tracer, pid int) *Template {
 		t.Fatal(err)
 	}
 	t.Cleanup(tp.Release)
-	if err := p.Resume(); err != nil {
-		t.Fatal(err)
-	}
 	return tp
 }
 
@@ -226,15 +233,7 @@ func TestTemplateFrozenCut(t *testing.T) {
 	start := time.Now()
 	var tps []*Template
 	for _, p := range procs {
-		if err := p.Wait(); err != nil {
-			t.Fatal(err)
-		}
-		tp, err := p.Template()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(tp.Release)
-		tps = append(tps, tp)
+		tps = append(tps, template(t, p))
 	}
 	for _, p := range procs {
 		if err := p.Resume(); err != nil {
