@@ -1,7 +1,6 @@
 package remote
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -19,11 +18,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/internal/testutil"
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
@@ -88,24 +87,6 @@ func TestTokensRotateAndFailClosed(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log sink safe for the server's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestAuthRefusesWithoutLeakingTheToken(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tokens")
 	writeTokens(t, path, tokenA)
@@ -113,7 +94,7 @@ func TestAuthRefusesWithoutLeakingTheToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs testutil.SyncBuffer // a log sink safe for the server's goroutines
 	ctx := log.WithLogger(context.Background(), slog.New(slog.NewTextHandler(&logs, nil)))
 	h := Auth(ctx, tk, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "in") }))
 	wrong := "wrong-token-0123456789"
