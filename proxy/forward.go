@@ -145,6 +145,19 @@ func (p *Proxy) recordDenied(ctx context.Context, sb *sandbox, method string, tg
 	}
 }
 
+// sendBuffered sends the request with its already read body upstream and records the answer's
+// status; on a transport failure it answers the sandbox and returns nil.
+func (p *Proxy) sendBuffered(ctx context.Context, w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *target, rl *reqLog, body []byte) *http.Response {
+	out := outRequest(ctx, r.Method, tgt, r.Header, io.NopCloser(bytes.NewReader(body)), int64(len(body)))
+	resp, err := p.transportFor(sb.id).RoundTrip(out)
+	if err != nil {
+		p.upstreamFailed(w, rl, err)
+		return nil
+	}
+	rl.status = resp.StatusCode
+	return resp
+}
+
 // compensate forwards the request now and journals it with its compensating request.
 func (p *Proxy) compensate(ctx context.Context, w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *target, d decision, rl *reqLog) {
 	body, rerr := p.readWholeBody(w, r)
@@ -153,18 +166,16 @@ func (p *Proxy) compensate(ctx context.Context, w http.ResponseWriter, r *http.R
 		p.refuse(w, rl, rerr.status, rerr.reason)
 		return
 	}
-	out := outRequest(ctx, r.Method, tgt, r.Header, io.NopCloser(bytes.NewReader(body)), int64(len(body)))
-	resp, err := p.transportFor(sb.id).RoundTrip(out)
-	if err != nil {
-		p.upstreamFailed(w, rl, err)
+	resp := p.sendBuffered(ctx, w, r, sb, tgt, rl, body)
+	if resp == nil {
 		return
 	}
 	defer resp.Body.Close()
-	rl.status = resp.StatusCode
 	respBody, _ := io.ReadAll(io.LimitReader(resp.Body, p.cfg.bodyLimit))
 	eff := p.newEffect(StatusPassed, r.Method, tgt, r.Header, body, d.explicit)
 	eff.ResponseStatus = resp.StatusCode
 	if resp.StatusCode < 400 {
+		var err error
 		eff.Compensation, err = renderCompensation(d.rule.Compensate, sb.policy, eff.Request, resp, respBody)
 		if err != nil {
 			eff.CompensateErr = err.Error()

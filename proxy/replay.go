@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -120,14 +119,11 @@ func (p *Proxy) passRecorded(ctx context.Context, w http.ResponseWriter, r *http
 		_, _ = w.Write(a.body)
 		return
 	}
-	out := outRequest(ctx, r.Method, tgt, r.Header, io.NopCloser(bytes.NewReader(body)), int64(len(body)))
-	resp, err := p.transportFor(sb.id).RoundTrip(out)
-	if err != nil {
-		p.upstreamFailed(w, rl, err)
+	resp := p.sendBuffered(ctx, w, r, sb, tgt, rl, body)
+	if resp == nil {
 		return
 	}
 	defer resp.Body.Close()
-	rl.status = resp.StatusCode
 	p.recordPassed(ctx, sb, r.Method, tgt)
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxRecordedBody+1))
 	if err != nil || len(data) > maxRecordedBody {
