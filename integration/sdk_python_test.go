@@ -36,15 +36,8 @@ func TestPythonSDK(t *testing.T) {
 	if strings.Contains(out, "skipped") {
 		t.Fatalf("the SDK suite skipped tests that need the daemon:\n%s", out)
 	}
-	if n := u.count("POST /step"); n != 1 {
-		t.Errorf("the upstream saw %d POST /step, want 1 (the committed attempt's only)", n)
-	}
-	xs := rec.exchanges(t)
-	seen := checkAgainstSpec(t, xs)
-	if len(seen) < 30 {
-		t.Errorf("the SDK suite took only %d routes of the API: %v", len(seen), seen)
-	}
-	t.Logf("%d answers on %d routes validated against docs/api/openapi.yaml", len(xs), len(seen))
+	answers, routes := checkSDKTraffic(t, u, rec)
+	t.Logf("%d answers on %d routes validated against docs/api/openapi.yaml", answers, routes)
 	// The SDK mounted into every sandbox works in a user-namespaced one too (the default).
 	d.createPool("uns", pythonImage, 1)
 	id := d.lease("uns").ID
@@ -76,4 +69,20 @@ func runTool(t *testing.T, dir string, env []string, name string, args ...string
 		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// checkSDKTraffic checks what an SDK's suite did through the recorder: the upstream saw one
+// POST /step (the committed attempt's only), every answer matches the API spec, and the suite
+// took at least 30 of the API's routes. It returns how many answers and routes it checked.
+func checkSDKTraffic(t *testing.T, u *upstream, rec *recorder) (answers, routes int) {
+	t.Helper()
+	if n := u.count("POST /step"); n != 1 {
+		t.Errorf("the upstream saw %d POST /step, want 1 (the committed attempt's only)", n)
+	}
+	xs := rec.exchanges(t)
+	seen := checkAgainstSpec(t, xs)
+	if len(seen) < 30 {
+		t.Errorf("the SDK suite took only %d routes of the API: %v", len(seen), seen)
+	}
+	return len(xs), len(seen)
 }
