@@ -20,7 +20,6 @@ import (
 	sdklog "go.temporal.io/sdk/log"
 
 	"github.com/deltabox/deltabox/internal/testutil"
-	"github.com/deltabox/deltabox/objectstore/s3test"
 )
 
 // startTemporalDev runs `temporal server start-dev` (DELTABOX_TEMPORAL, installed by
@@ -129,11 +128,7 @@ func TestScaleOutTemporal(t *testing.T) {
 	e2 := env{bin: e1.bin, containerd: testutil.RequiresEnv(t, "DELTABOX_CONTAINERD2_ADDRESS")}
 	e3 := env{bin: e1.bin, containerd: testutil.RequiresEnv(t, "DELTABOX_CONTAINERD3_ADDRESS")}
 	addr := startTemporalDev(t)
-	s3 := s3test.Start(t)
-	for _, kv := range s3.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
+	s3 := startS3(t)
 	u := startUpstream(t)
 	dir := shortTempDir(t)
 	cfg := fmt.Sprintf("[object_store]\nuri = %q\n[snapshots]\nsigning_key = %q\n[temporal]\naddress = %q\nmax_tasks = 3\n",

@@ -153,11 +153,7 @@ func TestSnapshotPushRestoreAndFork(t *testing.T) {
 func TestSnapshotAcrossNodesThroughS3(t *testing.T) {
 	e1 := requireEnv(t)
 	e2 := env{bin: e1.bin, containerd: testutil.RequiresEnv(t, "DELTABOX_CONTAINERD2_ADDRESS")}
-	s3 := s3test.Start(t)
-	for _, kv := range s3.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
+	s3 := startS3(t)
 	a := startDaemonOn(t, e1, "")
 	b := startDaemonOn(t, e2, trustConfig(a))                       // a fleet: B trusts A's signing key
 	b.createPool("py", pythonImage, 0, "--max", "4", "--no-userns") // and runs the same pools
@@ -180,11 +176,7 @@ func TestSnapshotAcrossNodesThroughS3(t *testing.T) {
 }
 
 func TestSnapshotS3GoesAway(t *testing.T) {
-	s3 := s3test.Start(t)
-	for _, kv := range s3.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
+	s3 := startS3(t)
 	d := startDaemon(t)
 	id := startCounter(d)
 	c, ctx := d.client(), context.Background()
@@ -387,4 +379,16 @@ func ckptNum(t *testing.T, id string) int {
 		t.Fatalf("checkpoint ID %q is not a number", id)
 	}
 	return n
+}
+
+// startS3 starts an S3 server and points the test's environment, and so the daemons it
+// starts, at it.
+func startS3(t *testing.T) *s3test.Server {
+	t.Helper()
+	s3 := s3test.Start(t)
+	for _, kv := range s3.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	return s3
 }
