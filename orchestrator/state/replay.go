@@ -2,7 +2,6 @@ package state
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/containerd/errdefs"
@@ -73,12 +72,5 @@ func (d *Doc) Get(p string) (json.RawMessage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("get: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
-	v, err := d.d.get(ptr)
-	if errors.Is(err, errPathNotFound) {
-		return nil, fmt.Errorf("get %q: %w", p, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("get %q: %w: %w", p, err, errdefs.ErrInvalidArgument)
-	}
-	return encode(v)
+	return d.d.getJSON(p, ptr)
 }

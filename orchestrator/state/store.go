@@ -244,7 +244,13 @@ func (s *Store) Get(p string) (json.RawMessage, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
-	v, err := s.doc.get(ptr)
+	return s.doc.getJSON(p, ptr)
+}
+
+// getJSON encodes the value at ptr (p, as the caller wrote it): errdefs.ErrNotFound when ptr
+// names no value, errdefs.ErrInvalidArgument when it cannot name one (a bad array index, say).
+func (d *document) getJSON(p string, ptr pointer) (json.RawMessage, error) {
+	v, err := d.get(ptr)
 	if errors.Is(err, errPathNotFound) {
 		return nil, fmt.Errorf("get %q: %w", p, errdefs.ErrNotFound)
 	}
