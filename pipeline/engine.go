@@ -119,6 +119,34 @@ func NewSummary(p *Pipeline, tasks int) Summary {
 // Add counts one task's result.
 func (s *Summary) Add(r Result) { s.add(r) }
 
+// SkipDone returns the tasks that done (results of an earlier run, by task index) did not
+// finish, counting the others as skipped.
+func (s *Summary) SkipDone(tasks []Task, done map[int]Result) []Task {
+	var todo []Task
+	for _, t := range tasks {
+		if d, ok := done[t.Index]; ok && d.ID == t.ID {
+			s.Skipped++
+			continue
+		}
+		todo = append(todo, t)
+	}
+	return todo
+}
+
+// Record counts res and hands it to onResult (nil: none) unless an earlier call failed;
+// *sinkErr keeps the first failure. False stops the run. Callers serialize the calls.
+func (s *Summary) Record(res Result, onResult func(Result) error, sinkErr *error) bool {
+	s.add(res)
+	if onResult == nil || *sinkErr != nil {
+		return *sinkErr == nil
+	}
+	if err := onResult(res); err != nil {
+		*sinkErr = fmt.Errorf("record result of task %d: %w", res.Index, err)
+		return false
+	}
+	return true
+}
+
 // Finish computes the percentiles and the duration since start.
 func (s *Summary) Finish(start time.Time) { s.finish(start) }
 

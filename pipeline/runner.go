@@ -72,26 +72,13 @@ func Run(ctx context.Context, c Client, p *Pipeline, tasks []Task, opts Options)
 	if _, err := c.Pool(ctx, p.Pool); err != nil {
 		return r.sum, fmt.Errorf("pipeline %s: pool %q: %w", p.DisplayName(), p.Pool, err)
 	}
-	todo := r.pending(tasks)
+	todo := r.sum.SkipDone(tasks, r.opts.Done) // an earlier run finished the others
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r.work(ctx, cancel, todo)
 	r.sum.Interrupted += len(todo) - r.ended()
 	r.sum.finish(start)
 	return r.sum, r.sinkErr
-}
-
-// pending drops the tasks an earlier run finished.
-func (r *runner) pending(tasks []Task) []Task {
-	var todo []Task
-	for _, t := range tasks {
-		if done, ok := r.opts.Done[t.Index]; ok && done.ID == t.ID {
-			r.sum.Skipped++
-			continue
-		}
-		todo = append(todo, t)
-	}
-	return todo
 }
 
 func (r *runner) ended() int { return r.sum.Succeeded + r.sum.Failed + r.sum.Interrupted }
@@ -125,15 +112,7 @@ func (r *runner) work(ctx context.Context, cancel func(), todo []Task) {
 func (r *runner) record(res Result) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.sum.add(res)
-	if r.opts.OnResult == nil || r.sinkErr != nil {
-		return r.sinkErr == nil
-	}
-	if err := r.opts.OnResult(res); err != nil {
-		r.sinkErr = fmt.Errorf("record result of task %d: %w", res.Index, err)
-		return false
-	}
-	return true
+	return r.sum.Record(res, r.opts.OnResult, &r.sinkErr)
 }
 
 // logger returns ctx's logger with the pipeline and task attached.

@@ -65,15 +65,7 @@ func Run(ctx context.Context, p *pipeline.Pipeline, tasks []pipeline.Task, opts 
 	}
 	defer tc.Close()
 	r.tc = tc
-	var todo []pipeline.Task
-	for _, t := range tasks {
-		if done, ok := opts.Done[t.Index]; ok && done.ID == t.ID {
-			r.sum.Skipped++
-			continue
-		}
-		todo = append(todo, t)
-	}
-	r.work(ctx, todo)
+	r.work(ctx, r.sum.SkipDone(tasks, opts.Done))
 	r.sum.Finish(start)
 	return r.sum, r.sinkErr
 }
@@ -203,13 +195,5 @@ func tasksSource(pipeline.Task) string { return "tasks" }
 func (r *run) record(res pipeline.Result) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.sum.Add(res)
-	if r.opts.OnResult == nil || r.sinkErr != nil {
-		return r.sinkErr == nil
-	}
-	if err := r.opts.OnResult(res); err != nil {
-		r.sinkErr = fmt.Errorf("record result of task %d: %w", res.Index, err)
-		return false
-	}
-	return true
+	return r.sum.Record(res, r.opts.OnResult, &r.sinkErr)
 }
