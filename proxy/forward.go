@@ -160,10 +160,8 @@ func (p *Proxy) sendBuffered(ctx context.Context, w http.ResponseWriter, r *http
 
 // compensate forwards the request now and journals it with its compensating request.
 func (p *Proxy) compensate(ctx context.Context, w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *target, d decision, rl *reqLog) {
-	body, rerr := p.readWholeBody(w, r)
-	rl.bytes = int64(len(body))
-	if rerr != nil {
-		p.refuse(w, rl, rerr.status, rerr.reason)
+	body, ok := p.readBodyOrRefuse(w, r, rl)
+	if !ok {
 		return
 	}
 	resp := p.sendBuffered(ctx, w, r, sb, tgt, rl, body)

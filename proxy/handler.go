@@ -152,10 +152,8 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, rl *reqLog, err error) {
 
 // hold journals the request durably and answers at once.
 func (p *Proxy) hold(ctx context.Context, w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *target, d decision, rl *reqLog) {
-	body, rerr := p.readWholeBody(w, r)
-	rl.bytes = int64(len(body))
-	if rerr != nil {
-		p.refuse(w, rl, rerr.status, rerr.reason)
+	body, ok := p.readBodyOrRefuse(w, r, rl)
+	if !ok {
 		return
 	}
 	eff := p.newEffect(StatusHeld, r.Method, tgt, r.Header, body, d.explicit)

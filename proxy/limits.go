@@ -87,6 +87,18 @@ func (p *Proxy) admit(ctx context.Context, c net.Conn, explicit bool) net.Conn {
 	return &countedConn{Conn: c, release: func() { p.limiter.release(src) }}
 }
 
+// readBodyOrRefuse is readWholeBody for a handler: it logs the bytes read and, when the body
+// cannot be read whole, refuses the request and returns false.
+func (p *Proxy) readBodyOrRefuse(w http.ResponseWriter, r *http.Request, rl *reqLog) ([]byte, bool) {
+	body, rerr := p.readWholeBody(w, r)
+	rl.bytes = int64(len(body))
+	if rerr != nil {
+		p.refuse(w, rl, rerr.status, rerr.reason)
+		return nil, false
+	}
+	return body, true
+}
+
 // readWholeBody reads a request body that is journaled (held or compensated): all of it
 // within the body timeout.
 func (p *Proxy) readWholeBody(w http.ResponseWriter, r *http.Request) ([]byte, *requestError) {

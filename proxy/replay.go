@@ -96,10 +96,8 @@ func requestKey(method string, tgt *target, body []byte) string {
 // passRecorded is pass for a rule with record: the answer is replayed when the sandbox
 // replays and has one, else the request is forwarded and its answer kept.
 func (p *Proxy) passRecorded(ctx context.Context, w http.ResponseWriter, r *http.Request, sb *sandbox, tgt *target, rl *reqLog) {
-	body, rerr := p.readWholeBody(w, r)
-	rl.bytes = int64(len(body))
-	if rerr != nil {
-		p.refuse(w, rl, rerr.status, rerr.reason)
+	body, ok := p.readBodyOrRefuse(w, r, rl)
+	if !ok {
 		return
 	}
 	key := requestKey(r.Method, tgt, body)
