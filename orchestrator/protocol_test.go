@@ -214,8 +214,10 @@ func TestRollbackIntentRedo(t *testing.T) {
 			r.o.settleNow = false
 			_, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2})
 			if point == "rollback/after-thaw" { // after it returned
-				r.s.mu.Lock() // the record's write is done
-				r.s.mu.Unlock()
+				func() { // taking the session lock waits for the background record write
+					r.s.mu.Lock()
+					defer r.s.mu.Unlock()
+				}()
 				if err != nil || r.s.pending == nil || !r.s.unsettled {
 					t.Fatalf("rollback = %v, unsettled %v; want done, its record unwritten", err, r.s.unsettled)
 				}
