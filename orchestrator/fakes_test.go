@@ -58,7 +58,6 @@ type fakeFiles struct {
 	diskHead    string
 	diskMeta    []byte
 	failPersist error
-	failStage   error
 }
 
 func (f *fakeFiles) PersistRollback() error {
@@ -69,18 +68,6 @@ func (f *fakeFiles) PersistRollback() error {
 	f.unwritten = false
 	return nil
 }
-
-func (f *fakeFiles) StageRollback() (stagedRecord, error) {
-	if err := f.failStage; err != nil {
-		f.failStage = nil
-		return nil, err
-	}
-	return fakeStaged{f}, nil
-}
-
-type fakeStaged struct{ f *fakeFiles }
-
-func (s fakeStaged) Commit() error { return s.f.PersistRollback() }
 
 // crash drops what a killed daemon had not written: an unwritten rollback record.
 func (f *fakeFiles) crash() {
@@ -346,7 +333,7 @@ func newRig(t *testing.T, retain int) *rig { return newRigWith(t, retain, nil) }
 func newRigWith(t *testing.T, retain int, ss stateStore) *rig {
 	t.Helper()
 	r := &rig{t: t, dir: t.TempDir(), frz: &fakeFreezer{}, fs: newFakeFiles(), st: &fakeState{}, fx: newFakeEffects(), ss: ss}
-	r.o = &Orchestrator{opts: Options{Retain: retain}, effects: r.fx, sessions: map[string]*session{}, settleNow: true}
+	r.o = &Orchestrator{opts: Options{Retain: retain}, effects: r.fx, sessions: map[string]*session{}}
 	r.reopen()
 	if _, err := r.o.checkpoint(context.Background(), r.s, api.CheckpointRequest{Message: "lease"}); err != nil {
 		t.Fatal(err)

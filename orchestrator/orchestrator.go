@@ -116,12 +116,10 @@ func (o *Options) setDefaults() {
 
 // Orchestrator is the running node agent.
 type Orchestrator struct {
-	opts Options
-	// settleNow settles rollbacks before they return (unit tests that read the session).
-	settleNow bool
-	client    *containerd.Client
-	criu      criu.Status
-	node      string
+	opts   Options
+	client *containerd.Client
+	criu   criu.Status
+	node   string
 	// sdkDir holds the SDKs every sandbox mounts read-only at /.deltabox/sdk.
 	sdkDir string
 	// remoteAPI is the TCP listener of the host API, for Info (nil: none).

@@ -29,12 +29,7 @@ func (o *Orchestrator) Rollback(ctx context.Context, id string, req api.Rollback
 		return api.RollbackResult{}, err
 	}
 	s.mu.Lock()
-	handed := false // to settleAsync, which unlocks
-	defer func() {
-		if !handed {
-			s.mu.Unlock()
-		}
-	}()
+	defer s.mu.Unlock()
 	if err := o.finishPending(ctx, s); err != nil {
 		return api.RollbackResult{}, err
 	}
@@ -48,17 +43,6 @@ func (o *Orchestrator) Rollback(ctx context.Context, id string, req api.Rollback
 		o.proxy.SetReplay(id, req.Replay)
 	}
 	frozen, err := o.undo(ctx, s, in, &res, true)
-	if s.unsettled {
-		// The record's write (what needs space) before the answer, its syncs after.
-		st, serr := s.fs.StageRollback()
-		if serr != nil && err == nil {
-			err = pendingError(serr)
-		}
-		if serr == nil {
-			handed = true
-			o.settleAsync(ctx, s, in, st)
-		}
-	}
 	if err != nil {
 		return res, fmt.Errorf("rollback sandbox %q to %s: %w", id, in.Target, err)
 	}
@@ -148,7 +132,7 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 	}
 	target := s.ckpts[s.find(in.Target)]
 	if target.Level == api.LevelL3 {
-		if err := o.settle(s, in, s.fs.PersistRollback); err != nil {
+		if err := o.settle(s, in); err != nil {
 			return 0, err
 		}
 		err := o.restoreProcesses(ctx, s, target)
@@ -166,60 +150,34 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 	// With processes, the window ends when the copies run: until then the sandbox's own
 	// processes are gone.
 	err = o.restoreProcessCheckpoint(ctx, s, target, res)
-	s.pending, s.unsettled = &in, true // the caller settles
+	frozen, copied := time.Since(frozenAt), time.Now()
+	if serr := o.settle(s, in); serr != nil {
+		return 0, serr
+	}
 	log.L(ctx).Debug("rollback phases", "sandbox", s.id, "checkpoint", in.Target, "intent", freezeAt.Sub(began), "freeze", frozenAt.Sub(freezeAt),
-		"apply", applied.Sub(frozenAt), "thaw", thawed.Sub(applied), "copies", time.Since(thawed))
-	return time.Since(frozenAt), err
+		"apply", applied.Sub(frozenAt), "thaw", thawed.Sub(applied), "copies", copied.Sub(thawed), "record", time.Since(copied))
+	return frozen, err
 }
 
 // settle ends a rollback whose steps are done: the file store's record of the new head is
 // written (durably; after the thaw, since the files' rollback defers it), then the intent is
 // cleared. Until the record is durable the intent stays: a crash in between redoes the
-// rollback at start. A failure leaves it unsettled: the next checkpoint, rollback or commit
-// settles it again (without redoing its steps: the sandbox ran since). Callers hold s.mu, so
-// nothing else sees the sandbox's checkpoints before the record is written.
-func (o *Orchestrator) settle(s *session, in rollbackIntent, write func() error) error {
+// rollback at start, and a failure leaves it pending. The session lock is held, so nothing
+// else sees the sandbox's checkpoints before the record is written.
+func (o *Orchestrator) settle(s *session, in rollbackIntent) error {
 	err := failpoint.Inject("rollback/after-thaw")
 	if err == nil {
-		err = write()
+		err = s.fs.PersistRollback()
 	}
 	if err == nil {
 		err = s.intents.clear()
 	}
 	if err != nil {
-		s.pending, s.unsettled = &in, true
+		s.pending = &in
 		return pendingError(err)
 	}
-	s.pending, s.unsettled = nil, false
+	s.pending = nil
 	return nil
-}
-
-// settleAsync settles a rollback after it returned, in the background, holding s.mu (handed
-// over by Rollback) until it is done: every later operation on the sandbox waits for it. The
-// rollback is all or nothing across crashes without it (the intent, durable before anything
-// changed, is redone at start); what the sandbox writes before the record is durable is
-// rolled back by such a redo. A failure is settled again by the next checkpoint, rollback or
-// commit (finishPending).
-func (o *Orchestrator) settleAsync(ctx context.Context, s *session, in rollbackIntent, st stagedRecord) {
-	bg := context.WithoutCancel(ctx)
-	write := func() error { return nil } // nothing staged
-	if st != nil {
-		write = st.Commit
-	}
-	if o.settleNow {
-		defer s.mu.Unlock()
-		_ = o.settle(s, in, write)
-		return
-	}
-	go func() {
-		defer s.mu.Unlock()
-		start := time.Now()
-		if err := o.settle(s, in, write); err != nil {
-			log.L(bg).Error("record rollback", "sandbox", s.id, "checkpoint", in.Target, "error", err)
-			return
-		}
-		log.L(bg).Debug("rollback recorded", "sandbox", s.id, "checkpoint", in.Target, "duration", time.Since(start))
-	}()
 }
 
 // pendingError says that a rollback failed after it began, and stays pending.
@@ -356,20 +314,12 @@ func (o *Orchestrator) finishPending(ctx context.Context, s *session) error {
 		return nil
 	}
 	in := *s.pending
-	var err error
-	if !s.unsettled { // else its steps are done: only settle
-		log.L(ctx).Info("finishing a pending rollback", "sandbox", s.id, "checkpoint", in.Target)
-		var res api.RollbackResult
-		if _, err = o.undo(ctx, s, in, &res, false); err != nil && !s.unsettled {
-			return fmt.Errorf("sandbox %q has a pending rollback to %s that cannot be finished yet: %w", s.id, in.Target, err)
-		}
+	log.L(ctx).Info("finishing a pending rollback", "sandbox", s.id, "checkpoint", in.Target)
+	var res api.RollbackResult
+	if _, err := o.undo(ctx, s, in, &res, false); err != nil {
+		return fmt.Errorf("sandbox %q has a pending rollback to %s that cannot be finished yet: %w", s.id, in.Target, err)
 	}
-	if s.unsettled {
-		if serr := o.settle(s, in, s.fs.PersistRollback); serr != nil {
-			return fmt.Errorf("sandbox %q has a rollback to %s whose record cannot be written yet: %w", s.id, in.Target, serr)
-		}
-	}
-	return err // the redo is done; its processes' copies may have failed
+	return nil
 }
 
 // merged names the sandbox's root as its init sees it, the merged overlay mount, through

@@ -32,8 +32,6 @@ type fileStore interface {
 	Prepare(ctx context.Context, req overlay.CaptureRequest) (pendingFiles, error)
 	Rollback(ctx context.Context, req overlay.RollbackRequest) (*overlay.RollbackResult, error)
 	PersistRollback() error // writes a Deferred rollback's record
-	// StageRollback writes it to a temp file (nil when there is none); Commit syncs it into place.
-	StageRollback() (stagedRecord, error)
 	Delete(ctx context.Context, id string, merge ...overlay.MetaMerge) error
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error
@@ -51,19 +49,8 @@ type pendingFiles interface {
 	Abort()
 }
 
-// stagedRecord is a rollback record written but not yet synced into place.
-type stagedRecord interface{ Commit() error }
-
 // overlayFiles is the daemon's fileStore.
 type overlayFiles struct{ *overlay.Store }
-
-func (f overlayFiles) StageRollback() (stagedRecord, error) {
-	st, err := f.Store.StageRollback()
-	if err != nil || st == nil {
-		return nil, err
-	}
-	return st, nil
-}
 
 func (f overlayFiles) Prepare(ctx context.Context, req overlay.CaptureRequest) (pendingFiles, error) {
 	p, err := f.Store.Prepare(ctx, req)

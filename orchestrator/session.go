@@ -45,11 +45,8 @@ type session struct {
 	dumped    bool // its processes were dumped at L3 (so it is not reused after release)
 	frz       freezer
 	intents   *intentLog
-	steps     *stepLog        // the step record (steps.go)
-	pending   *rollbackIntent // a rollback that failed after it began; finished before anything else
-	// unsettled: pending's steps are all done and the sandbox runs; only the layer store's
-	// record and the intent's clear remain (settle), nothing is redone.
-	unsettled bool
+	steps     *stepLog                 // the step record (steps.go)
+	pending   *rollbackIntent          // a rollback that failed after it began; finished before anything else
 	openRoot  func() (*os.File, error) // the sandbox's root (default sb.OpenRoot; fakes in tests)
 	// tpls are the process templates of checkpoints taken with processes, by checkpoint ID
 	// and the host pid of the process they copy (processes.go). They live as long as the

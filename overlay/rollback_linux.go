@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"time"
@@ -262,73 +261,6 @@ func (s *Store) persistRollback() error {
 	}
 	if err := s.writeRollback(s.pending); err != nil {
 		return err
-	}
-	s.unwritten = false
-	return nil
-}
-
-// StagedRollback is a Deferred rollback's record written to a temp file, not yet synced nor
-// renamed into place (StageRollback).
-type StagedRollback struct {
-	s   *Store
-	rec *rollbackRecord
-	f   *os.File
-}
-
-// StageRollback writes the record of a Deferred rollback to a temp file: the write that
-// needs space (a full disk fails here). Commit makes it durable and the record of the head.
-// It returns nil when there is nothing to write.
-func (s *Store) StageRollback() (*StagedRollback, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.unwritten || s.pending == nil {
-		return nil, nil
-	}
-	data, err := json.Marshal(s.pending)
-	if err != nil {
-		return nil, err
-	}
-	f, err := s.tempFile()
-	if err != nil {
-		return nil, fmt.Errorf("record rollback: %w", err)
-	}
-	if _, err := f.Write(data); err != nil {
-		discardTemp(f)
-		return nil, fmt.Errorf("record rollback: %w", err)
-	}
-	return &StagedRollback{s: s, rec: s.pending, f: f}, nil
-}
-
-// Commit syncs the staged record and renames it into place, unless a later capture or
-// rollback of the store wrote its own first (then it is dropped). On failure the record stays
-// unwritten: PersistRollback (or the next capture) writes it again.
-func (st *StagedRollback) Commit() error {
-	if st == nil {
-		return nil
-	}
-	s := st.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	defer s.prepareTemp()
-	if !s.unwritten || s.pending != st.rec {
-		discardTemp(st.f)
-		return nil
-	}
-	err := func() error {
-		defer os.Remove(st.f.Name())
-		defer st.f.Close()
-		if s.opts.sync {
-			if err := unix.Fdatasync(int(st.f.Fd())); err != nil {
-				return err
-			}
-		}
-		return os.Rename(st.f.Name(), filepath.Join(s.dir, rollbackFile))
-	}()
-	if err == nil && s.opts.sync {
-		err = syncDir(s.dir)
-	}
-	if err != nil {
-		return fmt.Errorf("record rollback: %w", err)
 	}
 	s.unwritten = false
 	return nil

@@ -186,16 +186,4 @@ func TestDeferredRollbackRecord(t *testing.T) {
 	if p, err := f.s.Parent("c2"); err != nil || p != "c1" {
 		t.Fatalf("parent of c2 = %q, %v; want c1", p, err)
 	}
-	// Staged (written, not synced nor renamed), then committed: the target is the head.
-	deferred("c0")
-	st, err := f.s.StageRollback()
-	must(t, err)
-	must(t, st.Commit())
-	if st, err := f.s.StageRollback(); st != nil || err != nil {
-		t.Fatalf("nothing left to stage, got %v, %v", st, err)
-	}
-	f.reopen(t)
-	if f.s.Head() != "c0" {
-		t.Fatalf("after a committed staged record: head %s, want c0", f.s.Head())
-	}
 }
