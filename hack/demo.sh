@@ -64,7 +64,7 @@ YAML
 cat "${WORK}/policy.yaml"
 
 step pool "a warm pool of the python image"
-show pool create demo --image deltabox.local/python:3 --min-ready 2 --memory 256m --pids 128 --egress-policy "${WORK}/policy.yaml"
+show pool create demo --image deltabox.local/python:3 --min-ready 2 --memory 256m --pids 128 --disk 512m --egress-policy "${WORK}/policy.yaml"
 for _ in $(seq 1 300); do
 	[[ $(db -o json pool ls | grep -c '"ready": 2') -ge 1 ]] && break
 	sleep 0.1
@@ -108,7 +108,11 @@ show effects ls "${ID}"
 printf '\nupstream after commit: %s\n' "$(curl -sS "${API}/count")"
 
 step l3 "L3: a Python process with in-memory state, snapshotted, restored as a second sandbox, forked 3 ways"
-show exec "${ID}" -- sh -c 'cat > /counter.py <<PY
+# L3 needs a pool without a user namespace for now (CRIU 4.1.1 cannot restore into one: docs/security.md).
+show pool create demo-l3 --image deltabox.local/python:3 --min-ready 1 --max 6 --memory 256m --pids 128 --disk 512m --no-userns --wait
+L3=$(db lease --pool demo-l3)
+printf '\n$ deltabox lease --pool demo-l3\n%s\n' "${L3}"
+show exec "${L3}" -- sh -c 'cat > /counter.py <<PY
 import os, time
 n = 0
 while True:
@@ -120,16 +124,16 @@ while True:
 PY
 nohup python3 /counter.py >/dev/null 2>&1 &
 sleep 1; echo "counter at $(cat /tmp/count)"'
-show snapshot push "${ID}"
+show snapshot push "${L3}"
 SNAP=$(db -o json snapshot ls | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["uri"])')
 RESTORED=$(db -o json restore "${SNAP}" | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["sandbox"])')
 printf '\n$ deltabox restore %s\n%s\n' "${SNAP}" "${RESTORED}"
 show exec "${RESTORED}" -- sh -c 'echo "restored counter continues at $(cat /tmp/count) (the original is at least at 20 by now)"'
-show fork "${ID}" --count 3
+show fork "${L3}" --count 3
 show ls
 
 step pipeline "a batch pipeline: the example agent, 8 tasks, failures rolled back and retried, POSTs committed once"
-show pool create py --image deltabox.local/python:3 --min-ready 4 --max 8 --egress-policy "${WORK}/policy.yaml"
+show pool create py --image deltabox.local/python:3 --min-ready 4 --max 8 --disk 512m --egress-policy "${WORK}/policy.yaml"
 python3 - "${UPSTREAM_PORT}" >"${WORK}/tasks.jsonl" <<'PY'
 import json, sys
 for i in range(8):
