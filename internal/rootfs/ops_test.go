@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/deltabox/deltabox/internal/testutil"
 )
 
 // TestOpsNeverFollowSymlinks: every single-file op refuses a path through a symlink the tree's
@@ -85,9 +87,7 @@ func TestOpsRoundTrip(t *testing.T) {
 // TestOpsOwnNewEntriesBySandboxRoot: with a user namespace mapping, what the ops make belongs
 // to the sandbox's root (host root is nobody inside), and owners read back as sandbox ids.
 func TestOpsOwnNewEntriesBySandboxRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chown to another uid needs root") // unit tier: the mapping logic is covered by the integration suite too
-	}
+	testutil.RequiresRoot(t) // chown to another uid needs root
 	dir := t.TempDir()
 	r, err := Open(dir, WithIDMap(IDMap{HostID: 200000, Size: 65536}))
 	if err != nil {
