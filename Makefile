@@ -9,7 +9,7 @@ VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 
 COMMIT      ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS     := -X $(PKG)/internal/version.Version=$(VERSION) -X $(PKG)/internal/version.Commit=$(COMMIT)
 BIN         := $(CURDIR)/bin
-TEST_FLAGS  ?= -count=1 -p 1 -timeout 60m
+TEST_FLAGS  ?= -count=1 -p 1 -timeout 30m
 export GOFLAGS := -buildvcs=false
 
 # The environment the root and integration tests (and the demo) run in.
@@ -27,11 +27,12 @@ TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
 
 .PHONY: build deps containerd images npm e2b-sdk chromium setup test test-soak test-unit demo bench lint docs clean
 
-# bin/deltabox is the light client build (-tags cli: no daemon dependencies, fast to start);
-# its `daemon` verb runs bin/deltabox-daemon, the full build (cmd/deltabox/lite.go).
+# bin/deltabox is the light client build (-tags cli: no daemon dependencies, fast to start;
+# CGO_ENABLED=0: static, so that no dynamic loader and libc run at every call); its `daemon`
+# verb runs bin/deltabox-daemon, the full build (cmd/deltabox/lite.go).
 build: ## build bin/deltabox (client), bin/deltabox-daemon and the static sandbox init bin/deltabox-init
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox-daemon ./cmd/deltabox
-	$(GO) build -tags cli,urfave_cli_no_docs -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox
+	CGO_ENABLED=0 $(GO) build -tags cli,urfave_cli_no_docs -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox
 	@if [ -f cmd/deltabox-init/main.go ]; then \
 		CGO_ENABLED=0 $(GO) build -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/deltabox-init ./cmd/deltabox-init; fi
 

@@ -19,13 +19,17 @@ import (
 )
 
 // heapScript keeps a counter next to 50 MiB of random heap (the worst case for compression).
+// Like counterScript, it overwrites /tmp/count in place with a fixed-width number: the file
+// keeps its size, which CRIU checks at restore for the file the process has open. open("w")
+// truncated it first, and a dump that fell between the truncate and the write failed the
+// restore ("File tmp/count has bad size 1 (expect 0)").
 const heapScript = `import os, time
 heap = os.urandom(50 << 20)
+fd = os.open("/tmp/count", os.O_WRONLY | os.O_CREAT, 0o644)
 i = 0
 while True:
     i += 1
-    with open("/tmp/count", "w") as f:
-        f.write(str(i))
+    os.pwrite(fd, b"%011d\n" % i, 0)
     time.sleep(0.05)
 `
 

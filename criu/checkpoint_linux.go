@@ -4,13 +4,17 @@ package criu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/containerd/api/types/runc/options"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
@@ -21,9 +25,10 @@ import (
 // Checkpointer dumps running containerd tasks to CRIU images directories and restores tasks
 // from them, through containerd's runc shim (which runs runc, which runs CRIU).
 type Checkpointer struct {
-	client   *containerd.Client
-	criuPath string
-	workRoot string
+	client      *containerd.Client
+	criuPath    string
+	workRoot    string
+	dumpTimeout time.Duration
 
 	mu     sync.Mutex
 	status *Status
@@ -46,9 +51,19 @@ func WithCRIUPath(p string) Opt { return func(c *Checkpointer) { c.criuPath = p 
 // default os.TempDir(). A failed restore keeps its work directory and names it in the error.
 func WithWorkRoot(dir string) Opt { return func(c *Checkpointer) { c.workRoot = dir } }
 
+// WithDumpTimeout bounds one dump (default DefaultDumpTimeout): past it the checkpoint call
+// is cancelled (the shim kills runc, and CRIU, left alone, cures the processes and exits) and
+// Dump fails with context.DeadlineExceeded, so a dump that hangs (a process CRIU cannot seize, a stuck
+// shim) never holds the sandbox or its caller for good.
+func WithDumpTimeout(d time.Duration) Opt { return func(c *Checkpointer) { c.dumpTimeout = d } }
+
+// DefaultDumpTimeout bounds a dump when WithDumpTimeout is not given. A dump of a few hundred
+// MiB of memory takes a few seconds here.
+const DefaultDumpTimeout = 2 * time.Minute
+
 // New returns a Checkpointer using client, whose context must carry the containerd namespace.
 func New(client *containerd.Client, opts ...Opt) *Checkpointer {
-	c := &Checkpointer{client: client, criuPath: "criu"}
+	c := &Checkpointer{client: client, criuPath: "criu", dumpTimeout: DefaultDumpTimeout}
 	for _, o := range opts {
 		o(c)
 	}
@@ -99,8 +114,28 @@ func (c *Checkpointer) Dump(ctx context.Context, id, dir string) (DumpResult, er
 		return res, fmt.Errorf("dump container %s: %w", id, err)
 	}
 	meta.LoopbackTCPOnly = pre.LoopbackTCPOnly
-	_, err = task.Checkpoint(ctx, containerd.WithCheckpointImagePath(dir), withCheckpointWorkPath(dir))
+	wasPaused := false
+	if st, err := task.Status(ctx); err == nil {
+		wasPaused = st.Status == containerd.Paused
+	}
+	dctx, cancel := context.WithTimeout(ctx, c.dumpTimeout)
+	_, err = task.Checkpoint(dctx, containerd.WithCheckpointImagePath(dir), withCheckpointWorkPath(dir))
+	expired := errors.Is(dctx.Err(), context.DeadlineExceeded)
+	if err != nil && !expired && strings.Contains(err.Error(), context.DeadlineExceeded.Error()) {
+		// The shim's copy of the deadline (carried by gRPC, as time left) can pass a moment
+		// before this one, and its error comes back as text: wait for this one to pass too
+		// (it is imminent), so that the stopped dump is cleaned up as one.
+		select {
+		case <-dctx.Done():
+			expired = errors.Is(dctx.Err(), context.DeadlineExceeded)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	cancel()
 	res.Duration = time.Since(start)
+	if err != nil && expired && ctx.Err() == nil {
+		return res, c.stoppedDump(ctx, id, dir, meta.CgroupsPath, wasPaused, err)
+	}
 	if err != nil {
 		return res, dumpError(id, dir, err)
 	}
@@ -134,9 +169,6 @@ func (c *Checkpointer) dumpMeta(ctx context.Context, ctr containerd.Container) (
 	spec, err := ctr.Spec(ctx)
 	if err != nil {
 		return Meta{}, fmt.Errorf("spec of container %s: %w", ctr.ID(), err)
-	}
-	if err := RefuseUserNamespace("dump container "+ctr.ID(), spec); err != nil {
-		return Meta{}, err
 	}
 	m := LocalMeta(c.Status(ctx))
 	m.ContainerID = ctr.ID()
@@ -190,4 +222,88 @@ func dirSize(dir string) (int64, error) {
 		return err
 	})
 	return n, err
+}
+
+// stoppedDump cleans up after a dump that ran past the timeout. The shim killed runc when
+// the call's deadline passed; CRIU, left behind, must not be killed (it may have its parasite
+// code inside the sandbox's processes, which only CRIU can take out again): losing runc, it
+// fails its next exchange with it, cures the processes and exits. stoppedDump waits for that
+// (dumperExitWait), then thaws the cgroup CRIU froze itself, unless the caller had paused the
+// task. A CRIU still running after the wait is named in the error.
+func (c *Checkpointer) stoppedDump(ctx context.Context, id, dir, cgroupsPath string, wasPaused bool, cause error) error {
+	deadline := time.Now().Add(dumperExitWait)
+	left := dumpersOf(dir)
+	for len(left) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		left = dumpersOf(dir)
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("dump container %s: the CRIU dump did not finish in %s and its CRIU (pids %v) still runs %s later; the sandbox may stay frozen (%v): %w",
+			id, c.dumpTimeout, left, dumperExitWait, cause, context.DeadlineExceeded)
+	}
+	if !wasPaused {
+		if err := thawCgroup(cgroupsPath); err != nil {
+			log.L(ctx).Warn("thaw task after a timed-out dump", "container", id, "error", err)
+		}
+	}
+	return fmt.Errorf("dump container %s: the CRIU dump did not finish in %s and was stopped (%v): %w",
+		id, c.dumpTimeout, cause, context.DeadlineExceeded)
+}
+
+// dumperExitWait bounds the wait for a stopped dump's CRIU to exit.
+const dumperExitWait = 30 * time.Second
+
+// dumpersOf returns the criu processes that hold a file under dir open. It matches on the
+// process name and the open file, never on a pid alone, and reads only the host's /proc.
+func dumpersOf(dir string) []int {
+	var pids []int
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err == nil && strings.TrimSpace(string(comm)) == "criu" && holdsUnder(pid, dir) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// holdsUnder reports whether process pid has a file under dir open.
+func holdsUnder(pid int, dir string) bool {
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(fdDir)
+	if err != nil {
+		return false
+	}
+	prefix := filepath.Clean(dir) + string(filepath.Separator)
+	for _, fd := range fds {
+		target, err := os.Readlink(filepath.Join(fdDir, fd.Name()))
+		if err == nil && (target == filepath.Clean(dir) || strings.HasPrefix(target, prefix)) {
+			return true
+		}
+	}
+	return false
+}
+
+// thawCgroup thaws the freezer of the cgroup at cgroupsPath (a spec's Linux.CgroupsPath);
+// thawing a thawed cgroup is a no-op. pool.Freezer does the same for the pools; this package
+// does not depend on them.
+func thawCgroup(cgroupsPath string) error {
+	if cgroupsPath == "" {
+		return nil
+	}
+	file, val := filepath.Join("/sys/fs/cgroup/freezer", cgroupsPath, "freezer.state"), "THAWED"
+	if cgroups.Mode() == cgroups.Unified {
+		file, val = filepath.Join("/sys/fs/cgroup", cgroupsPath, "cgroup.freeze"), "0"
+	}
+	if err := os.WriteFile(file, []byte(val), 0); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("thaw %s: %w", file, err)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@
 package criu
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -273,4 +274,30 @@ func unpark(t *testing.T, e *env, sb *sandbox) {
 		t.Fatal(err)
 	}
 	e.waitInit(t, sb)
+}
+
+// TestDumpTimeoutStopsCRIU bounds dumps of 50 MiB of heap below what they take, so they are
+// stopped at different points (before CRIU runs, while it has the cgroup frozen, while it
+// writes pages): each fails with DeadlineExceeded, no CRIU is left holding the images
+// directory, the sandbox is not left frozen (it keeps counting), and a dump without the short
+// bound then works: nothing of the stopped dump is in the way.
+func TestDumpTimeoutStopsCRIU(t *testing.T) {
+	e := newEnv(t)
+	sb := e.newHeapSandbox(t)
+	for _, bound := range []time.Duration{50 * time.Millisecond, 150 * time.Millisecond, 250 * time.Millisecond} {
+		images := filepath.Join(t.TempDir(), "images")
+		_, err := New(e.client, WithDumpTimeout(bound)).Dump(e.ctx, sb.id, images)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("dump bounded to %s: %v, want DeadlineExceeded", bound, err)
+		}
+		t.Logf("dump bounded to %s: %v", bound, err)
+		testutil.WaitFor(t, 10*time.Second, 20*time.Millisecond, "no CRIU holding the images directory", func() bool {
+			return len(dumpersOf(images)) == 0
+		})
+		n := sb.count()
+		sb.waitCount(t, "counter to keep running after the stopped dump", func(m int) bool { return m > n+3 })
+	}
+	if _, err := e.cp.Dump(e.ctx, sb.id, filepath.Join(t.TempDir(), "images")); err != nil {
+		t.Fatalf("dump after the stopped ones: %v", err)
+	}
 }

@@ -48,7 +48,14 @@ type threadCreds struct {
 	oomScoreAdj *int32
 	hasCreds    bool
 	leader      bool // the thread-group leader (its core image has the task core)
+	zombie      bool // a zombie's core: the task core only, task_state TASK_DEAD
 }
+
+// taskDead is CRIU's task_state of a zombie (COMPEL_TASK_DEAD): dump_one_zombie writes its
+// core with the task core only (comm, state, exit code), no thread core and so no
+// credentials, and the restore recreates it as a process that exits at once with that code:
+// none of its code runs.
+const taskDead = 2
 
 // CheckCreds refuses CRIU images whose processes would hold more privilege than spec grants
 // the container: a capability (effective, permitted, bounding, inheritable or ambient) of any
@@ -95,6 +102,7 @@ func readCoreCreds(path string) (threadCreds, error) {
 	tc.comm = th.GetComm()
 	if t := core.GetTc(); t != nil {
 		tc.leader, tc.comm = true, t.GetComm()
+		tc.zombie = th == nil && t.GetTaskState() == taskDead
 		if t.OomScoreAdj != nil {
 			v := t.GetOomScoreAdj()
 			tc.oomScoreAdj = &v
@@ -117,31 +125,40 @@ func readCoreCreds(path string) (threadCreds, error) {
 // coreEntry returns the payload of the single entry of a core image: magic IMG_COMMON, magic
 // CORE, then a little-endian uint32 size and that many bytes.
 func coreEntry(path string) ([]byte, error) {
+	entry, _, err := imageEntry(path, "CORE", maxCoreImage)
+	return entry, err
+}
+
+// imageEntry reads a CRIU image of the given magic name (at most max bytes): the common
+// magic, the image's own, then its first entry (a 32-bit little-endian size and the
+// protobuf), which it returns with whatever follows it. A file that is not such an image is
+// ErrInvalidArgument naming why.
+func imageEntry(path, kind string, max int) (entry, rest []byte, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxCoreImage+1))
+	data, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	bad := func(why string) error {
 		return fmt.Errorf("criu image %s: %s: %w", filepath.Base(path), why, errdefs.ErrInvalidArgument)
 	}
-	if len(data) > maxCoreImage {
-		return nil, bad("over 4 MiB")
+	if len(data) > max {
+		return nil, nil, bad(fmt.Sprintf("over %d KiB", max>>10))
 	}
 	m := magic.LoadMagic()
 	if len(data) < 12 || uint64(binary.LittleEndian.Uint32(data)) != m.ByName["IMG_COMMON"] ||
-		uint64(binary.LittleEndian.Uint32(data[4:])) != m.ByName["CORE"] {
-		return nil, bad("not a CRIU core image")
+		uint64(binary.LittleEndian.Uint32(data[4:])) != m.ByName[kind] {
+		return nil, nil, bad("not a CRIU " + strings.ToLower(kind) + " image")
 	}
 	size := int(binary.LittleEndian.Uint32(data[8:]))
 	if size > len(data)-12 {
-		return nil, bad("entry runs past the end of the file")
+		return nil, nil, bad("entry runs past the end of the file")
 	}
-	return data[12 : 12+size], nil
+	return data[12 : 12+size], data[12+size:], nil
 }
 
 // unknownCreds reads the creds fields CRIU writes beyond go-criu's protos (no_new_privs,
@@ -186,6 +203,9 @@ func (tc *threadCreds) unknownCreds(b []byte) error {
 func (tc threadCreds) String() string { return fmt.Sprintf("process %q (pid %s)", tc.comm, tc.tid) }
 
 func (tc threadCreds) check(spec *specs.Spec) error {
+	if tc.zombie { // runs nothing (taskDead); it was refused as "no credentials"
+		return nil
+	}
 	if !tc.hasCreds {
 		return fmt.Errorf("criu images: %s has no credentials in its core image: %w", tc, errdefs.ErrPermissionDenied)
 	}

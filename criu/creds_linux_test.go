@@ -40,17 +40,7 @@ func writeCore(t *testing.T, dir, tid string, c *creds.CredsEntry, mode criucore
 	if extra != nil {
 		c.ProtoReflect().SetUnknown(extra)
 	}
-	payload, err := (proto.MarshalOptions{AllowPartial: true}).Marshal(core)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := magic.LoadMagic()
-	b := binary.LittleEndian.AppendUint32(nil, uint32(m.ByName["IMG_COMMON"]))
-	b = binary.LittleEndian.AppendUint32(b, uint32(m.ByName["CORE"]))
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(payload)))
-	if err := os.WriteFile(filepath.Join(dir, "core-"+tid+".img"), append(b, payload...), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeCoreEntry(t, dir, tid, core)
 }
 
 func rootCreds() *creds.CredsEntry {
@@ -115,5 +105,51 @@ func TestCheckCredsIDsWithoutSetuid(t *testing.T) {
 	}
 	if err := CheckCreds(dir, sandboxSpec()); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("a malformed core image: want invalid argument, got %v", err)
+	}
+}
+
+// writeCoreEntry writes core as tid's core image.
+func writeCoreEntry(t *testing.T, dir, tid string, core *criucore.CoreEntry) {
+	t.Helper()
+	payload, err := (proto.MarshalOptions{AllowPartial: true}).Marshal(core)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := magic.LoadMagic()
+	b := binary.LittleEndian.AppendUint32(nil, uint32(m.ByName["IMG_COMMON"]))
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.ByName["CORE"]))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(payload)))
+	if err := os.WriteFile(filepath.Join(dir, "core-"+tid+".img"), append(b, payload...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCheckCredsZombie: a zombie's core, as CRIU writes it (task core only, TASK_DEAD), passes
+// the check (a dump that caught a child not yet reaped failed its restore with "has no
+// credentials"); a live process's core without credentials, or one that claims TASK_DEAD but
+// carries a thread core, is still refused.
+func TestCheckCredsZombie(t *testing.T) {
+	zombie := func() *criucore.CoreEntry {
+		return &criucore.CoreEntry{Mtype: criucore.CoreEntry_X86_64.Enum(),
+			Tc: &criucore.TaskCoreEntry{Comm: proto.String("sh"), TaskState: proto.Uint32(taskDead), ExitCode: proto.Uint32(0)}}
+	}
+	dir := t.TempDir()
+	writeCore(t, dir, "42", rootCreds(), criucore.SeccompMode_filter,
+		protowire.AppendVarint(protowire.AppendTag(nil, credsNoNewPrivs, protowire.VarintType), 1))
+	writeCoreEntry(t, dir, "34", zombie())
+	if err := CheckCreds(dir, sandboxSpec()); err != nil {
+		t.Fatalf("a zombie's core was refused: %v", err)
+	}
+	alive := zombie()
+	alive.Tc.TaskState = proto.Uint32(1) // TASK_ALIVE
+	writeCoreEntry(t, dir, "34", alive)
+	if err := CheckCreds(dir, sandboxSpec()); !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "no credentials") {
+		t.Fatalf("a live process without credentials: want permission denied, got %v", err)
+	}
+	forged := zombie()
+	forged.ThreadCore = &criucore.ThreadCoreEntry{}
+	writeCoreEntry(t, dir, "34", forged)
+	if err := CheckCreds(dir, sandboxSpec()); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("a TASK_DEAD core with a thread core and no credentials: want permission denied, got %v", err)
 	}
 }

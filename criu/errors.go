@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // ErrInotifyOverlay is wrapped (together with errdefs.ErrFailedPrecondition) into the error
@@ -22,26 +21,23 @@ var ErrInotifyOverlay = errors.New("processes with inotify watches on overlayfs 
 // sandbox, typically a host client of the init socket left open.
 var ErrExternalUnixSocket = errors.New("a unix socket connected from outside the sandbox (e.g. a host client of the init socket) is open; close it before the dump")
 
-// ErrUserNamespace is wrapped (with errdefs.ErrFailedPrecondition) into the error of an L3
-// dump or restore of a container in a user namespace. The sandbox's network namespace must
-// belong to its user namespace (else CRIU refuses the dump), and CRIU 4.1 restores a dumped
-// user namespace by creating a new one first and then entering the external network namespace
-// from inside it, which the kernel refuses (EPERM: the namespace belongs to another user
-// namespace); joining the existing user namespace instead (runc's join-ns) comes after that step.
-var ErrUserNamespace = errors.New("the sandbox runs in a user namespace, and CRIU 4.1 cannot restore a container whose network namespace belongs to its user namespace; L3 checkpoints, snapshots, restores and forks need a pool created with no_user_namespace (deltabox pool create --no-userns)")
+// ErrRestoredUserNS is wrapped (with errdefs.ErrFailedPrecondition) into the error of a dump
+// of a user-namespaced sandbox whose init CRIU restored and which did not execute itself
+// again (an init from before pool/initd/reexec_linux.go). CRIU checks, from inside the
+// sandbox's user namespace, that it may open the init's namespaces; a process CRIU restored
+// keeps the memory descriptor of the CRIU that made it, which belongs to the host's user
+// namespace, and the init is not dumpable, so the check is refused.
+var ErrRestoredUserNS = errors.New("the sandbox's init was restored by CRIU in a user namespace and did not execute itself again (an older init), so CRIU cannot dump it; release the sandbox")
 
-// RefuseUserNamespace returns ErrUserNamespace (FailedPrecondition) for a spec with a user
-// namespace, naming what was asked.
-func RefuseUserNamespace(what string, spec *specs.Spec) error {
-	if spec == nil || spec.Linux == nil {
-		return nil
-	}
-	for _, ns := range spec.Linux.Namespaces {
-		if ns.Type == specs.UserNamespace {
-			return fmt.Errorf("%s: %w: %w", what, ErrUserNamespace, errdefs.ErrFailedPrecondition)
+// mentionsRestoredUserNS reports whether CRIU's errors are its user namespace check failing
+// on a namespace file it may not open.
+func mentionsRestoredUserNS(lines []string) bool {
+	for _, l := range lines {
+		if strings.Contains(l, "doesn't belong to the target user namespace") {
+			return true
 		}
 	}
-	return nil
+	return false
 }
 
 // Log files CRIU writes into its work directory (runc's names).
@@ -62,6 +58,9 @@ func dumpError(id, dir string, err error) error {
 	}
 	if mentionsExternalUnix(lines) {
 		return fmt.Errorf("dump container %s: %w (%s; log %s): %w", id, ErrExternalUnixSocket, strings.Join(lines, "; "), logPath, errdefs.ErrFailedPrecondition)
+	}
+	if mentionsRestoredUserNS(lines) {
+		return fmt.Errorf("dump container %s: %w (%s; log %s): %w", id, ErrRestoredUserNS, strings.Join(lines, "; "), logPath, errdefs.ErrFailedPrecondition)
 	}
 	if len(lines) == 0 {
 		return fmt.Errorf("dump container %s (no CRIU errors in %s): %w", id, logPath, err)

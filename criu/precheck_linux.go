@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // ErrHelperWithUnixSocket is wrapped (with errdefs.ErrFailedPrecondition) into the error of a
@@ -102,7 +104,7 @@ func readTree(root int) ([]proc, error) {
 		}
 		seen[pid] = true
 		p, err := readProc(pid)
-		if errors.Is(err, os.ErrNotExist) && pid != root {
+		if gone(err) && pid != root {
 			return nil // exited: the task was not paused
 		}
 		if err != nil {
@@ -110,7 +112,7 @@ func readTree(root int) ([]proc, error) {
 		}
 		out = append(out, p)
 		kids, err := children(pid)
-		if errors.Is(err, os.ErrNotExist) && pid != root {
+		if gone(err) && pid != root {
 			return nil
 		}
 		if err != nil {
@@ -124,6 +126,14 @@ func readTree(root int) ([]proc, error) {
 		return nil
 	}
 	return out, walk(root)
+}
+
+// gone reports whether a /proc read failed because the process exited: ENOENT when it was
+// gone before the open, ESRCH when it exited between the open and the read (a child of the
+// tree exiting while the pre-dump check walked it failed the dump with "read
+// /proc/N/stat: no such process").
+func gone(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
 }
 
 // readProc parses /proc/<pid>/stat; comm may hold spaces and parentheses.
@@ -186,7 +196,7 @@ func children(pid int) ([]int, error) {
 	for _, t := range tasks {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
 		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
+			if gone(err) {
 				continue // the thread exited
 			}
 			return nil, err
@@ -278,8 +288,32 @@ func PathUnixSockets(pid int) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	host, err := pathSockets("/proc/self/net/unix", inodes)
+	host, err := hostUnixSockets(inodes)
 	return append(own, host...), err
+}
+
+// hostUnixSockets reads the unix socket table of the caller's own network namespace. Not
+// /proc/self/net/unix: that is the namespace of the process's first thread, and a goroutine
+// that moved its locked thread into a sandbox's namespace and ended without unlocking it
+// (pool/network pins namespaces so) leaves that thread there for good when it was the first
+// one (the Go runtime parks the main thread instead of ending it). The table was then the
+// sandbox's and the host's connections to its init went unseen, so CRIU failed the dump
+// ("unix socket not found"). A fresh goroutine runs on a thread no namespace change touched
+// (locked threads are discarded or parked, never reused), and /proc/thread-self names it.
+func hostUnixSockets(inodes map[string]bool) ([]string, error) {
+	type result struct {
+		socks []string
+		err   error
+	}
+	c := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		socks, err := pathSockets("/proc/thread-self/net/unix", inodes)
+		c <- result{socks, err}
+	}()
+	r := <-c
+	return r.socks, r.err
 }
 
 // pathSockets returns the paths of the sockets of a /proc/net/unix table whose inodes are
@@ -309,7 +343,7 @@ func pathSockets(table string, inodes map[string]bool) ([]string, error) {
 func socketInodes(pid int) (map[string]bool, error) {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
+	if gone(err) {
 		return map[string]bool{}, nil // a zombie (or a process gone since the walk) holds no files
 	}
 	if err != nil {
@@ -332,7 +366,7 @@ func socketInodes(pid int) (map[string]bool, error) {
 func checkInotify(p proc) error {
 	dir := fmt.Sprintf("/proc/%d/fd", p.pid)
 	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
+	if gone(err) {
 		return nil // a zombie (or a process gone since the walk) holds no files
 	}
 	if err != nil {

@@ -5,6 +5,7 @@ package criu
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/internal/testutil"
 )
@@ -121,4 +123,22 @@ func TestPrecheckToleratesVanishedProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("reaped")
+}
+
+// TestGoneProcess: a /proc read of a process that exited between the open and the read fails
+// with ESRCH (os.ReadFile's "read /proc/N/stat: no such process"), and counts as gone like
+// ENOENT; other errors do not.
+func TestGoneProcess(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&fs.PathError{Op: "read", Path: "/proc/1/stat", Err: unix.ESRCH}, true},
+		{&fs.PathError{Op: "open", Path: "/proc/1/stat", Err: unix.ENOENT}, true},
+		{&fs.PathError{Op: "open", Path: "/proc/1/stat", Err: unix.EACCES}, false},
+	} {
+		if got := gone(c.err); got != c.want {
+			t.Errorf("gone(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
 }

@@ -83,8 +83,15 @@ func (c *Checkpointer) restoreTarget(ctx context.Context, id, dir string) (conta
 	if err != nil {
 		return nil, fmt.Errorf("spec of container %s: %w", id, err)
 	}
-	if err := RefuseUserNamespace("restore container "+id, spec); err != nil {
-		return nil, err
+	if err := CheckUserNS(dir, spec); err != nil {
+		return nil, fmt.Errorf("restore container %s: %w", id, err)
+	}
+	m, err := SpecMapping(spec)
+	if err != nil {
+		return nil, fmt.Errorf("restore container %s: %w", id, err)
+	}
+	if err := ShareImages(dir, m); err != nil {
+		return nil, fmt.Errorf("restore container %s: images for its user namespace: %w", id, err)
 	}
 	if err := checkCgroup(ctr, spec, meta); err != nil {
 		return nil, err

@@ -36,6 +36,8 @@ const (
 	initPath      = "/.deltabox/init"
 	runPath       = "/.deltabox/run"
 	snapshotter   = "overlayfs"
+	// testTimeout bounds the containerd calls of one test or benchmark (see newEnv).
+	testTimeout = 5 * time.Minute
 	// The counter overwrites /tmp/count in place with a fixed-width number, so the file keeps
 	// its size: a process dumped while it has the file open and left running must find it the
 	// same size at restore (CRIU checks), which `echo > file` (truncate, then write) broke when
@@ -101,7 +103,12 @@ func newEnv(t testing.TB) *env {
 		t.Fatalf("connect containerd: %v", err)
 	}
 	t.Cleanup(func() { client.Close() })
-	ctx := namespaces.WithNamespace(context.Background(), testNamespace)
+	// Every containerd call of a test is bounded: a CRIU dump or restore, or a task delete
+	// waiting for an exit, that hangs fails the test (naming the call) instead of the package
+	// timeout ending every test after it. Registered first, the cancel runs after the
+	// sandboxes' cleanups.
+	ctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), testNamespace), testTimeout)
+	t.Cleanup(cancel)
 	return &env{ctx: ctx, client: client, cp: New(client), init: testInit(t)}
 }
 
@@ -125,6 +132,14 @@ func uniqueID(t testing.TB) string {
 // newContainer creates (but does not start) a sandbox container running script next to init,
 // with its own CRIU configuration file written from cfg.
 func (e *env) newContainer(t testing.TB, image, script string, cfg Options, extra ...oci.SpecOpts) *sandbox {
+	t.Helper()
+	return e.newContainerIn(t, image, script, cfg, nil, extra...)
+}
+
+// newContainerIn is newContainer in a user namespace mapping the sandbox's ids 0-65535 onto
+// host ids ids.HostID..: the rootfs snapshot is remapped, the run directory owned by the
+// mapped root; ids nil is newContainer.
+func (e *env) newContainerIn(t testing.TB, image, script string, cfg Options, ids *specs.LinuxIDMapping, extra ...oci.SpecOpts) *sandbox {
 	t.Helper()
 	sb := &sandbox{id: uniqueID(t), dir: t.TempDir()}
 	sb.runDir = filepath.Join(sb.dir, "run")
@@ -153,8 +168,28 @@ func (e *env) newContainer(t testing.TB, image, script string, cfg Options, extr
 		}),
 		WithConfig(conf),
 	}, extra...)
+	snap := containerd.WithNewSnapshot(sb.id, img)
+	if ids != nil {
+		// idmapped lower layers, as the pool makes them (no chown of a copy, which a test
+		// killed midway would leave behind for every later run)
+		maps := []specs.LinuxIDMapping{*ids}
+		snap = containerd.WithNewSnapshot(sb.id, img, containerd.WithUserNSRemapperLabels(maps, maps))
+		specOpts = append(specOpts, oci.WithUserNamespace(maps, maps))
+		// The mapped root must reach the bind sources: the run directory is its own, the
+		// directories above it searchable.
+		if err := os.Chown(sb.runDir, int(ids.HostID), int(ids.HostID)); err != nil {
+			t.Fatal(err)
+		}
+		for d := sb.dir; d != "/" && d != "."; d = filepath.Dir(d) {
+			if info, err := os.Stat(d); err == nil && info.Mode().Perm()&0o001 == 0 {
+				if err := os.Chmod(d, info.Mode().Perm()|0o011); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
 	sb.ctr, err = e.client.NewContainer(e.ctx, sb.id,
-		containerd.WithImage(img), containerd.WithSnapshotter(snapshotter), containerd.WithNewSnapshot(sb.id, img),
+		containerd.WithImage(img), containerd.WithSnapshotter(snapshotter), snap,
 		containerd.WithRuntime("io.containerd.runc.v2", nil), containerd.WithNewSpec(specOpts...))
 	if err != nil {
 		t.Fatalf("create container: %v", err)
@@ -212,7 +247,7 @@ func (e *env) kill(t testing.TB, sb *sandbox) {
 }
 
 func (e *env) destroy(t testing.TB, c containerd.Container) {
-	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 30*time.Second)
 	defer cancel()
 	if err := killTask(ctx, c); err != nil {
 		t.Errorf("cleanup %s: %v", c.ID(), err)

@@ -42,7 +42,7 @@ run -bench . -benchtime 2000x ./pool/initproto/
 run -bench 'TemplateAndCopy' -benchtime 200x ./criu/proctpl/
 run -bench 'DiskImage' -benchtime 10x ./pool/ || log "pool disk benchmarks failed (see above)"
 run -bench . -benchtime 300x ./orchestrator/state/
-run -bench 'Capture|Rollback|Verify|Baseline' -benchtime 50x ./overlay/ || log "overlay benchmarks failed (see above)"
+run -bench 'Capture|Rollback|Verify|Baseline|WriteLower' -benchtime 50x ./overlay/ || log "overlay benchmarks failed (see above)"
 run -bench 'WriteTax' -benchtime 300000x ./overlay/ || log "overlay benchmarks failed (see above)"
 run -bench . -benchtime 5x ./objectstore/... || log "objectstore benchmarks failed (see above)"
 run -bench 'PassGET|DirectGET|Hold' -benchtime 2000x ./proxy/ || log "proxy benchmarks failed (see above)"
@@ -89,6 +89,7 @@ on a test machine; \`DiskImage\` shows what the size costs.
 | state patch and exec true through the Python SDK <= 1 ms over the Go client (16) | patch-py-over-go-ms, exec-py-over-go-ms | integration PythonSDKOverhead |
 | the same through the TypeScript SDK (16, same bound) | patch-ts-over-go-ms, exec-ts-over-go-ms | integration PythonSDKOverhead |
 | e2b SDK \`Sandbox.create()\` p50 <= 20 ms and \`commands.run('true')\` p50 <= 10 ms, against the DeltaBox TypeScript SDK's lease and exec in the same Node process (17) | e2b-create-p50-ms vs sdk-lease-p50-ms, e2b-run-p50-ms vs sdk-exec-p50-ms | integration E2BSDK |
+| fork --from CKPT without processes, per fork (the call / N), p50 <= 50 ms: an upper of 5,000 files, 100 changed, N=8, the pool keeping 8 ready, against the L3 fork of the same sandbox in the same run, and the same call with no ready sandbox (new containers); the shared layer's writing alone (15) | fork-from-p50-ms, fork-from-ready-*, fork-from-cold-*, fork-l3-p50-ms, l3/fork-from-x, cold/fork-from-x; p50-ns | integration ForkFromCheckpoint, overlay WriteLower |
 
 MD
 go run ./hack/benchreport -header "${HEADER}" <"${RAW}" >"${OUT}"

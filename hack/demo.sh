@@ -9,6 +9,7 @@ need_root
 BIN="${DELTABOX_BIN:?run through make demo}"
 CONTAINERD="${DELTABOX_CONTAINERD_ADDRESS:?run through make demo}"
 WORK="$(mktemp -d /tmp/deltabox-demo.XXXXXX)"
+chmod 0711 "${WORK}" # user-namespaced sandboxes' CRIU restores reach their bind mounts below it
 ROOT_DIR="$(cd "${HACK_DIR}/.." && pwd)"
 SOCK="${WORK}/deltabox.sock"
 DAEMON_PID=""
@@ -108,8 +109,7 @@ show effects ls "${ID}"
 printf '\nupstream after commit: %s\n' "$(curl -sS "${API}/count")"
 
 step l3 "L3: a Python process with in-memory state, snapshotted, restored as a second sandbox, forked 3 ways"
-# L3 needs a pool without a user namespace for now (CRIU 4.1.1 cannot restore into one: docs/security.md).
-show pool create demo-l3 --image deltabox.local/python:3 --min-ready 1 --max 6 --memory 256m --pids 128 --disk 512m --no-userns --wait
+show pool create demo-l3 --image deltabox.local/python:3 --min-ready 1 --max 6 --memory 256m --pids 128 --disk 512m --wait
 L3=$(db lease --pool demo-l3)
 printf '\n$ deltabox lease --pool demo-l3\n%s\n' "${L3}"
 show exec "${L3}" -- sh -c 'cat > /counter.py <<PY

@@ -20,7 +20,7 @@ while True:
 // running the same process, in the same run.
 func BenchmarkL3SnapshotRestore(b *testing.B) {
 	d := startDaemon(b)
-	d.createPool("py", pythonImage, 1, "--max", "64", "--no-userns")
+	d.createPool("py", pythonImage, 1, "--max", "64")
 	id := d.lease("py").ID
 	d.cli("exec", id, "--", "sh", "-c", "nohup python3 -c '"+heapScript+"' >/dev/null 2>&1 & sleep 1")
 	c, ctx := d.client(), context.Background()

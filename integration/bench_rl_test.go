@@ -19,7 +19,7 @@ import (
 func BenchmarkRLLoop(b *testing.B) {
 	d := startDaemon(b)
 	d.createPool("py", pythonImage, 2, "--max", "8")
-	d.createPool("py3", pythonImage, 1, "--no-userns") // L3 needs it
+	d.createPool("py3", pythonImage, 1)
 	c, ctx := d.client(), context.Background()
 	startIn := func(pool string) (string, pipeShell) {
 		id := d.lease(pool).ID

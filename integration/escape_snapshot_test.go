@@ -158,7 +158,7 @@ func TestEscapeSnapshotSignatures(t *testing.T) {
 
 	// A second node that trusts this one's key restores its snapshot; one that does not, refuses.
 	trusting := startDaemonWith(t, trustConfig(d))
-	trusting.createPool("py", pythonImage, 0, "--no-userns")
+	trusting.createPool("py", pythonImage, 0)
 	if _, err := trusting.client().Restore(ctx, snap.URI, "", nil); err != nil {
 		t.Fatalf("node trusting %s: restore: %v", nodeKey, err)
 	}
@@ -168,7 +168,7 @@ func TestEscapeSnapshotSignatures(t *testing.T) {
 		t.Errorf("info of the trusting node: %+v, want its own key and %s trusted", info.Snapshots, nodeKey)
 	}
 	stranger := startDaemon(t)
-	stranger.createPool("py", pythonImage, 0, "--no-userns")
+	stranger.createPool("py", pythonImage, 0)
 	if _, err := stranger.client().Restore(ctx, snap.URI, "", nil); !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), nodeKey) {
 		t.Errorf("node without trust: want permission_denied naming %s, got %v", nodeKey, err)
 	}
@@ -309,7 +309,7 @@ func writeTemp(t *testing.T, name, content string) string {
 func TestEscapeSnapshotPolicyNeverWidens(t *testing.T) {
 	d := startDaemon(t)
 	c, ctx := d.client(), context.Background()
-	d.createPool("bb", busyboxImage, 0, "--egress-policy", writeTemp(t, "pool.yaml", poolPolicy), "--no-userns")
+	d.createPool("bb", busyboxImage, 0, "--egress-policy", writeTemp(t, "pool.yaml", poolPolicy))
 	wide := d.lease("bb", "--egress-policy", writeTemp(t, "local.yaml", localPolicy)).ID
 	snap, err := c.SnapshotPush(ctx, wide, "", nil)
 	if err != nil {
@@ -490,7 +490,7 @@ func TestEscapeSnapshotSymlinkedEtc(t *testing.T) {
 		}
 		script = append(script, fmt.Sprintf("rm -f /etc/%s; ln -s %s /etc/%s", n, p, n))
 	}
-	d.createPool("bb", busyboxImage, 0, "--no-userns")
+	d.createPool("bb", busyboxImage, 0)
 	id := d.lease("bb").ID
 	d.cli("exec", id, "--", "sh", "-c", "mkdir -p /etc; "+strings.Join(script, "; "))
 	snap, err := c.SnapshotPush(ctx, id, "", nil)

@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/deltabox/deltabox/internal/testutil"
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
@@ -92,21 +95,93 @@ func TestEscapeUserNamespace(t *testing.T) {
 
 // TestEscapeUserNamespaceL3Refused: L3 checkpoints and snapshots of a sandbox in a user
 // namespace, and restores into such a pool, are refused naming why; nothing is left half done
-// (the sandbox keeps running and checkpointing at L1).
-func TestEscapeUserNamespaceL3Refused(t *testing.T) {
-	d := startDaemon(t)
-	d.createPool("py", pythonImage, 1)
-	id := d.lease("py").ID
-	for _, args := range [][]string{{"checkpoint", "create", id, "--level", "l3"}, {"snapshot", "push", id}, {"fork", id}} {
-		_, errOut, code := d.cliRaw(args...)
-		if code == 0 || !strings.Contains(errOut, "failed_precondition") || !strings.Contains(errOut, "user namespace") || !strings.Contains(errOut, "--no-userns") {
-			t.Errorf("%v: exit %d, %q; want failed_precondition naming the user namespace and --no-userns", args, code, errOut)
+// TestUserNamespaceL3: L3 works in a user-namespaced pool. A checkpoint dumps the sandbox's
+// processes (a counter started by an exec) with its user and network namespaces; a rollback
+// restores them in place: the counter goes back to the dumped value and counts on, the files
+// written since are gone, the processes run as the same host ids (uid_map), the sandbox keeps
+// its address and reaches the egress proxy again (CRIU brings its network namespace back
+// without the veth, which the daemon attaches again), and a second rollback to the same
+// checkpoint works.
+func TestUserNamespaceL3(t *testing.T) {
+	u := startUpstream(t)
+	d := egressDaemon(t, u, busyboxImage, 1, "")
+	l := d.lease("net", noProxyBypass...)
+	id := l.ID
+	m := mappingOf(t, d, id)
+	wantMap := fmt.Sprintf("0 %d %d", m.HostID, m.Size)
+	uidMap := func() string {
+		return strings.Join(strings.Fields(d.cli("exec", id, "--", "cat", "/proc/self/uid_map")), " ")
+	}
+	if got := uidMap(); got != wantMap {
+		t.Fatalf("uid_map %q, want %q", got, wantMap)
+	}
+	addr := func() string {
+		return d.cli("exec", id, "--", "sh", "-c", "ip -4 -o addr show eth0 | awk '{print $4}'")
+	}
+	before := addr()
+	d.cli("exec", id, "--", "sh", "-c", `sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done' </dev/null >/dev/null 2>&1 &`)
+	count := func() int {
+		out, _, _ := d.cliRaw("exec", id, "--", "cat", "/tmp/count")
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		return n
+	}
+	testutil.WaitFor(t, 10*time.Second, 50*time.Millisecond, "the counter", func() bool { return count() > 5 })
+	var ck api.Checkpoint
+	d.cliJSON(&ck, "checkpoint", "create", id, "--level", "l3")
+	dumped := count()
+	for round := 1; round <= 2; round++ {
+		testutil.WaitFor(t, 10*time.Second, 50*time.Millisecond, "the counter to pass the checkpoint", func() bool { return count() > dumped+20 })
+		d.cli("exec", id, "--", "sh", "-c", "echo after > /tmp/after")
+		d.cli("rollback", id, "--to", ck.ID)
+		if got := count(); got < dumped-25 || got > dumped+25 {
+			t.Fatalf("round %d: counter at %d after the rollback, the checkpoint was taken near %d", round, got, dumped)
+		}
+		n := count()
+		testutil.WaitFor(t, 10*time.Second, 50*time.Millisecond, "the restored counter to count on", func() bool { return count() > n+3 })
+		if _, _, code := d.cliRaw("exec", id, "--", "test", "-e", "/tmp/after"); code == 0 {
+			t.Fatalf("round %d: /tmp/after survived the rollback", round)
+		}
+		if got := uidMap(); got != wantMap {
+			t.Fatalf("round %d: uid_map after the rollback %q, want %q", round, got, wantMap)
+		}
+		if got := addr(); got != before {
+			t.Fatalf("round %d: address after the rollback %q, before %q", round, got, before)
+		}
+		if out := d.cli("exec", id, "--", "wget", "-q", "-O", "-", u.plain.URL+"/data"); out != "real body from upstream" {
+			t.Fatalf("round %d: egress after the rollback: %q", round, out)
 		}
 	}
-	if out := d.cli("exec", id, "--", "echo", "alive"); out != "alive\n" {
-		t.Fatalf("sandbox after the refusals: %q", out)
+	if got := d.cli("exec", id, "--", "id", "-u"); got != "0\n" {
+		t.Fatalf("id -u in the restored sandbox: %q", got)
 	}
-	d.cli("checkpoint", "create", id)
+	// The restored init executed itself again (pool/initd/reexec_linux.go): it serves as
+	// before (a detached exec with its output and exit code) and the restored sandbox can be
+	// dumped again and rolled back to that.
+	gate := "/tmp/gate"
+	proc := strings.TrimSpace(d.cli("exec", "-d", id, "sh", "-c", "echo before; while [ ! -e "+gate+" ]; do sleep 0.05; done; echo after; exit 5"))
+	d.cli("exec", id, "--", "touch", gate)
+	out, errOut, code := d.cliRaw("logs", "-f", id, proc)
+	if out != "before\nafter\n" || code != 0 {
+		t.Fatalf("logs -f of a detached exec after the rollback: stdout %q stderr %q exit %d", out, errOut, code)
+	}
+	var ps []api.Proc
+	d.cliJSON(&ps, "ps", id)
+	if len(ps) != 1 || ps[0].Exit == nil || ps[0].Exit.Code != 5 {
+		t.Fatalf("ps after the detached exec ended: %+v, want exit code 5", ps)
+	}
+	var again api.Checkpoint
+	d.cliJSON(&again, "checkpoint", "create", id, "--level", "l3")
+	resumed := count()
+	testutil.WaitFor(t, 10*time.Second, 50*time.Millisecond, "the counter to pass the second checkpoint", func() bool { return count() > resumed+20 })
+	d.cli("rollback", id, "--to", again.ID)
+	if got := count(); got < resumed-25 || got > resumed+25 {
+		t.Fatalf("counter at %d after the rollback to the second L3 checkpoint, taken near %d", got, resumed)
+	}
+	if got := uidMap(); got != wantMap {
+		t.Fatalf("uid_map after the second rollback %q, want %q", got, wantMap)
+	}
+	var snap api.Snapshot
+	lastJSON(t, d.cli("-o", "json", "snapshot", "push", id), &snap) // a third dump, of an init restored twice
 }
 
 func mappingOf(t *testing.T, d *daemon, id string) *api.IDMapping {

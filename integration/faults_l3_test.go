@@ -21,7 +21,7 @@ import (
 
 // l3Sleeper leases a busybox sandbox running a sleep that a dump and restore must keep.
 func l3Sleeper(d *daemon) string {
-	d.createPool("bb", busyboxImage, 1, "--max", "6", "--no-userns")
+	d.createPool("bb", busyboxImage, 1, "--max", "6")
 	id := d.lease("bb").ID
 	d.cli("exec", id, "--", "sh", "-c", "sleep 100000 </dev/null >/dev/null 2>&1 &")
 	testutil.WaitFor(d.t, 5*time.Second, 20*time.Millisecond, "the sleep to start", func() bool {

@@ -161,6 +161,55 @@ func TestFaultsRollback(t *testing.T) {
 	}
 }
 
+// TestFaultsRollbackAnswered: a rollback is answered once its record is in place; its
+// syncs and the clear of its intent follow. A daemon killed (SIGKILL) after the answer, at
+// either of those points, finds at start that the rollback is done: it is not redone, so
+// what the sandbox did after the answer (a file, a held effect) stays, and the rollback's
+// own outcome (files, state, effects, head) holds.
+func TestFaultsRollbackAnswered(t *testing.T) {
+	u := startUpstream(t)
+	d := egressDaemon(t, u, pythonImage, 1, "")
+	id := d.lease("net", noProxyBypass...).ID
+	for i, point := range []string{"rollback/before-sync", "rollback/synced"} {
+		t.Run(strings.ReplaceAll(point, "/", "-"), func(t *testing.T) {
+			d.t = t
+			var target api.Checkpoint
+			d.cliJSON(&target, "checkpoint", "create", id)
+			url := fmt.Sprintf("%s/rolled-back-answered-%d", u.plain.URL, i)
+			d.cli("exec", id, "--", "sh", "-c", "echo dirty > /root/step")
+			d.cli("state", "patch", id, `[{"op":"add","path":"/step","value":"dirty"}]`)
+			d.holdPost(id, url)
+			d.cli("checkpoint", "create", id)
+			d.restartWith(point + "=sleep(5000)") // the daemon is killed in the sleep
+			d.cli("rollback", id, "--to", target.ID)
+			after := fmt.Sprintf("%s/after-answer-%d", u.plain.URL, i)
+			d.cli("exec", id, "--", "sh", "-c", "echo kept > /root/after")
+			d.holdPost(id, after)
+			d.kill()
+			d.restartWith("")
+			_, _, stepCode := d.cliRaw("exec", id, "--timeout", "10s", "--", "test", "-e", "/root/step")
+			kept := strings.TrimSpace(d.cli("exec", id, "--", "cat", "/root/after"))
+			state, status, head := d.stateDoc(id), d.effectStatus(id, url), d.checkpointHead(id)
+			if stepCode == 0 || strings.Contains(state, "dirty") || status != "dropped" || head != target.ID {
+				t.Fatalf("rollback not done after the restart: file exists %v, state %s, effect %s, head %s",
+					stepCode == 0, state, status, head)
+			}
+			if kept != "kept" || d.effectStatus(id, after) != "held" {
+				t.Fatalf("the restart redid an answered rollback: file written after it %q, effect held after it %s",
+					kept, d.effectStatus(id, after))
+			}
+		})
+	}
+	d.t = t
+	d.cli("rollback", id) // drop the effects held after the answers
+	d.cli("commit", id)
+	for i := range 2 {
+		if n := u.count(fmt.Sprintf("POST /rolled-back-answered-%d", i)); n != 0 {
+			t.Errorf("rolled-back effect %d reached the upstream %d times", i, n)
+		}
+	}
+}
+
 // TestFaultsCommit: killed before the commit point is recorded, nothing was committed;
 // killed after, the commit point stays moved and start-up finishes the commit, each effect
 // reaching the upstream once, always with its one key.

@@ -34,7 +34,7 @@ func dialInitSocket(t *testing.T, path string) net.Conn {
 // outside the sandbox".
 func TestL3DumpWaitsForAHostConnectionToTheInit(t *testing.T) {
 	d := startDaemon(t)
-	d.createPool("l3conn", busyboxImage, 1, "--no-userns")
+	d.createPool("l3conn", busyboxImage, 1)
 	l := d.lease("l3conn")
 	conn := dialInitSocket(t, filepath.Join(d.runDir(l.Container), "init.sock"))
 	time.Sleep(100 * time.Millisecond) // accepted by the init
@@ -58,7 +58,7 @@ func TestL3DumpWaitsForAHostConnectionToTheInit(t *testing.T) {
 // socket connected from outside the sandbox. 20 rounds.
 func TestL3DumpRightAfterExec(t *testing.T) {
 	d := startDaemon(t)
-	d.createPool("l3exec", busyboxImage, 1, "--no-userns")
+	d.createPool("l3exec", busyboxImage, 1)
 	id := d.lease("l3exec").ID
 	for i := range 20 {
 		d.cli("exec", id, "--", "sh", "-c", "echo "+strings.Repeat("x", 1000))

@@ -145,8 +145,8 @@ func TestL3ProcessShapes(t *testing.T) {
 	a := startDaemonOn(t, e1, "")
 	b := startDaemonOn(t, e2, trustConfig(a)) // B trusts A's signing key
 	store := "file://" + shortTempDir(t)
-	a.createPool("py", pythonImage, 2, "--max", "8", "--no-userns")
-	b.createPool("py", pythonImage, 0, "--max", "4", "--no-userns")
+	a.createPool("py", pythonImage, 2, "--max", "8")
+	b.createPool("py", pythonImage, 0, "--max", "4")
 	id := a.lease("py").ID
 	refused := a.lease("py").ID
 	shapes := restoringShapes

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deltabox/deltabox/internal/testutil"
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
 
@@ -189,8 +190,10 @@ func TestProcessTemplatesFromInside(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &atk); err != nil {
 		t.Fatalf("attack output %q: %v", out, err)
 	}
-	if len(atk.Templates) != 4 {
-		t.Fatalf("the sandbox sees %d stopped processes, want the 4 templates: %s", len(atk.Templates), out)
+	// The 4 templates, and the spare copies of checkpoint 2's two, when they are made
+	// already (in the background, after the answer): they resist the same.
+	if n := len(atk.Templates); n < 4 || n > 6 {
+		t.Fatalf("the sandbox sees %d stopped processes, want the 4 templates and at most 2 spares: %s", n, out)
 	}
 	for pid, r := range atk.Results {
 		for _, k := range []string{"read_mem", "write_mem", "environ"} {
@@ -224,9 +227,15 @@ func TestProcessTemplatesFromInside(t *testing.T) {
 		}
 	}
 
-	// SIGKILL from inside destroys one template, the newest stopped sleep (checkpoint 2's):
-	// the rollback to checkpoint 2 says so and restores the rest; checkpoint 1 is untouched.
-	d.cli("exec", id, "--", "sh", "-c", `for p in /proc/[0-9]*; do [ "$(cat $p/comm)" = sleep ] && [ "$(sed 's/.*) //' $p/stat | cut -c1)" = t ] && echo ${p#/proc/}; done | sort -n | tail -1 | xargs sh -c 'kill -9 "$0"'`)
+	// SIGKILL from inside destroys one template, checkpoint 2's stopped sleep (and its
+	// spare: the two newest stopped sleeps, once the spares after the last rollback are
+	// made): the rollback to checkpoint 2 says so and restores the rest; checkpoint 1 is
+	// untouched.
+	stoppedSleeps := `for p in /proc/[0-9]*; do [ "$(cat $p/comm)" = sleep ] && [ "$(sed 's/.*) //' $p/stat | cut -c1)" = t ] && echo ${p#/proc/}; done | sort -n`
+	testutil.WaitFor(t, 10*time.Second, 20*time.Millisecond, "the spare of checkpoint 2's sleep", func() bool {
+		return len(strings.Fields(d.cli("exec", id, "--", "sh", "-c", stoppedSleeps))) == 3
+	})
+	d.cli("exec", id, "--", "sh", "-c", stoppedSleeps+` | tail -2 | xargs sh -c 'kill -9 "$@"' sh`)
 	var rb api.RollbackResult
 	d.cliJSON(&rb, "rollback", id, "--to", ck2.ID, "--force")
 	if rb.ProcessesRestored != 1 || len(rb.ProcessesLost) != 1 || rb.ProcessesLost[0].Comm != "sleep" || !strings.Contains(rb.ProcessesLost[0].Reason, "killed") {
@@ -366,11 +375,11 @@ func TestProcessTemplatesMemoryBound(t *testing.T) {
 // TestProcessCheckpointFallsBackToCRIU: a checkpoint with processes of a sandbox running a
 // multi-threaded process (a Python REPL with a running thread), which a template cannot copy,
 // is taken by CRIU instead (l3, every process kept "criu", the reason naming the process);
-// a rollback restores the REPL's objects and its thread, twice. In a sandbox with a user
-// namespace (no L3 there) the same process is listed as not kept, with the reason.
+// a rollback restores the REPL's objects and its thread, twice. The sandbox runs in a user
+// namespace (the pool's default).
 func TestProcessCheckpointFallsBackToCRIU(t *testing.T) {
 	d := startDaemon(t)
-	d.createPool("py3", pythonImage, 1, "--no-userns")
+	d.createPool("py3", pythonImage, 1)
 	id := d.lease("py3").ID
 	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
 	py := startPiped(d, id, "py", "python3 /repl.py")
@@ -399,15 +408,4 @@ func TestProcessCheckpointFallsBackToCRIU(t *testing.T) {
 		}
 	}
 
-	// With a user namespace there is no CRIU: the process is reported, not silently left out.
-	d.createPool("py", pythonImage, 1)
-	id2 := d.lease("py").ID
-	d.cli("exec", id2, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
-	py2 := startPiped(d, id2, "py", "python3 /repl.py")
-	py2.ask("import threading, time; t = threading.Thread(target=time.sleep, args=(1000,), daemon=True); t.start()")
-	d.cliJSON(&ck, "checkpoint", "create", id2, "--processes")
-	if ck.Level != api.LevelL1 || len(ck.Processes) != 1 || ck.Processes[0].Kept != api.KeptNone ||
-		!strings.Contains(ck.Processes[0].Reason, "multi-threaded") || !strings.Contains(ck.Processes[0].Reason, "user namespace") {
-		t.Fatalf("checkpoint with processes in a user namespace: level %s, %+v", ck.Level, ck.Processes)
-	}
 }

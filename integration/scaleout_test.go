@@ -139,7 +139,7 @@ func TestScaleOutTemporal(t *testing.T) {
 	ids := map[string]int{}
 	for i, e := range []env{e1, e2, e3} {
 		d := startDaemonOn(t, e, cfg)
-		d.createPool("bb", busyboxImage, 3, "--egress-policy", policy, "--max", "6", "--no-userns") // L3 needs it
+		d.createPool("bb", busyboxImage, 3, "--egress-policy", policy, "--max", "6")
 		var info struct{ Node string }
 		d.cliJSON(&info, "info")
 		ids[info.Node] = i

@@ -26,8 +26,7 @@ func TestPythonSDK(t *testing.T) {
 	runTool(t, "", nil, filepath.Join(venv, "bin", "pip"), "install", "--no-index", "--no-cache-dir", sdk)
 
 	u := startUpstream(t)
-	// --no-userns: the suite snapshots, restores and forks (L3).
-	d := egressDaemon(t, u, pythonImage, 2, "", "--no-userns")
+	d := egressDaemon(t, u, pythonImage, 2, "")
 	rec, recAddr := startRecorder(t, d.address) // every answer the suite gets is checked against the spec
 	env := []string{"DELTABOX_ADDRESS=" + recAddr, "DELTABOX_TEST_POOL=net", "DELTABOX_TEST_UPSTREAM=" + u.plain.URL}
 	// From a directory outside the tree, so that the venv's installed package is the one tested.

@@ -59,8 +59,7 @@ func nodeTestSummary(t *testing.T, what, out string) string {
 func TestTypeScriptSDK(t *testing.T) {
 	sdk := npmBuild(t, "sdk/typescript")[0]
 	u := startUpstream(t)
-	// --no-userns: the suite snapshots, restores and forks (L3).
-	d := egressDaemon(t, u, pythonImage, 2, "", "--no-userns")
+	d := egressDaemon(t, u, pythonImage, 2, "")
 	rec, recAddr := startRecorder(t, d.address)
 	env := []string{"DELTABOX_ADDRESS=" + recAddr, "DELTABOX_TEST_POOL=net", "DELTABOX_TEST_UPSTREAM=" + u.plain.URL}
 	out := runTool(t, sdk, env, "node", "--test", "test/offline.test.mjs", "test/daemon.test.mjs")

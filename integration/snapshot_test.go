@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -52,7 +53,7 @@ func (d *daemon) count(id string) int {
 
 // startCounter leases a python sandbox running the counter, with a file and state to keep.
 func startCounter(d *daemon) string {
-	d.createPool("py", pythonImage, 1, "--max", "12", "--no-userns")
+	d.createPool("py", pythonImage, 1, "--max", "12")
 	id := d.lease("py").ID
 	d.cli("exec", id, "--timeout", "30s", "--", "sh", "-c", counterScript)
 	d.cli("state", "patch", id, `[{"op":"add","path":"/memory","value":"kept in the snapshot"}]`)
@@ -73,6 +74,18 @@ func checkContinues(t *testing.T, d *daemon, id string, from, to int) {
 	testutil.WaitFor(t, 5*time.Second, 50*time.Millisecond, "counter to advance", func() bool { return d.count(id) > first })
 	if out := d.cli("exec", id, "--", "cat", "/root/notes"); out != "file-content\n" {
 		t.Errorf("sandbox %s: files not restored: %q", id, out)
+	}
+	// In its own user namespace: the processes run as its range's host ids (not the dumped
+	// sandbox's), and the files it got are its root's.
+	m := mappingOf(t, d, id)
+	want := fmt.Sprintf("0 %d %d", m.HostID, m.Size)
+	for _, pid := range []string{"self", "1"} {
+		if got := strings.Join(strings.Fields(d.cli("exec", id, "--", "cat", "/proc/"+pid+"/uid_map")), " "); got != want {
+			t.Errorf("sandbox %s: uid_map of %s %q, want %q", id, pid, got, want)
+		}
+	}
+	if out := d.cli("exec", id, "--", "stat", "-c", "%u:%g", "/root/notes"); out != "0:0\n" {
+		t.Errorf("sandbox %s: /root/notes owned by %q inside, want 0:0", id, out)
 	}
 	var memo string
 	d.cliJSON(&memo, "state", "get", id, "/memory")
@@ -155,8 +168,8 @@ func TestSnapshotAcrossNodesThroughS3(t *testing.T) {
 	e2 := env{bin: e1.bin, containerd: testutil.RequiresEnv(t, "DELTABOX_CONTAINERD2_ADDRESS")}
 	s3 := startS3(t)
 	a := startDaemonOn(t, e1, "")
-	b := startDaemonOn(t, e2, trustConfig(a))                       // a fleet: B trusts A's signing key
-	b.createPool("py", pythonImage, 0, "--max", "4", "--no-userns") // and runs the same pools
+	b := startDaemonOn(t, e2, trustConfig(a))        // a fleet: B trusts A's signing key
+	b.createPool("py", pythonImage, 0, "--max", "4") // and runs the same pools
 	id := startCounter(a)
 	before := a.count(id)
 	var snap api.Snapshot
@@ -299,7 +312,7 @@ func corruptBlob(t *testing.T, store, name, title string) {
 func TestSnapshotRestoreIsFaithful(t *testing.T) {
 	d := startDaemon(t)
 	c, ctx := d.client(), context.Background()
-	d.createPool("py", pythonImage, 0, "--max", "8", "--no-userns")
+	d.createPool("py", pythonImage, 0, "--max", "8")
 	const denyAll = "version: 1\ndefault: deny\n" // narrower than the pool's built-in default
 	policy := filepath.Join(t.TempDir(), "deny.yaml")
 	if err := os.WriteFile(policy, []byte(denyAll), 0o644); err != nil {

@@ -143,6 +143,7 @@ func (o *Orchestrator) record(ctx context.Context, s *session, req api.Checkpoin
 		removeImages(rec)
 		return api.Checkpoint{}, err
 	}
+	tc := time.Now()
 	if _, err := pending.Commit(data); err != nil {
 		removeImages(rec)
 		return api.Checkpoint{}, fmt.Errorf("record checkpoint %s of %s: %w", rec.ID, s.id, err)
@@ -162,11 +163,18 @@ func (o *Orchestrator) record(ctx context.Context, s *session, req api.Checkpoin
 	rec.TotalMS = ms(time.Since(start))
 	log.L(ctx).Info("checkpoint created", "sandbox", s.id, "checkpoint", rec.ID, "level", rec.Level,
 		"files", rec.FilesChanged, "bytes", rec.Bytes, "frozen_ms", rec.FrozenMS, "total_ms", rec.TotalMS)
+	tr := time.Now()
 	o.retain(ctx, s)
+	tb := time.Now()
 	if len(tpls) > 0 {
 		o.boundTemplates(ctx, s, rec.ID)
+		o.preforkLater(ctx, s, rec.ID)
 	}
-	return s.view(rec), nil
+	tv := time.Now()
+	v := s.viewMeasured(rec, false) // templates just made: nothing diverged yet (ls and inspect measure)
+	log.L(ctx).Debug("checkpoint record phases", "sandbox", s.id, "checkpoint", rec.ID, "before_commit", tc.Sub(start),
+		"commit", tr.Sub(tc), "retain", tb.Sub(tr), "bound", tv.Sub(tb), "view", time.Since(tv))
+	return v, nil
 }
 
 // l1Chain counts the L1 checkpoints from the head up to the last full (L2/L3) one, the
@@ -195,7 +203,7 @@ func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level,
 	if err := failpoint.Inject("checkpoint/frozen"); err != nil {
 		return 0, nil, err
 	}
-	pending, err := o.capture(ctx, s, level, rec)
+	pending, err := o.capture(ctx, s, level, rec, nil)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -214,13 +222,17 @@ func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level,
 	return thawed.Sub(frozenAt), pending, nil
 }
 
-// capture records a frozen sandbox into rec: its processes, files (prepared, not yet
-// durable), state sequence number and effect watermark.
-func (o *Orchestrator) capture(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (pendingFiles, error) {
+// capture records a frozen sandbox into rec: its processes (procs, when the caller listed
+// them: sandboxProcs), files (prepared, not yet durable), state sequence number and effect
+// watermark.
+func (o *Orchestrator) capture(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord, procs []pool.Proc) (pendingFiles, error) {
 	var err error
-	if rec.Procs, err = s.frz.Procs(); err != nil {
-		return nil, err
+	if procs == nil {
+		if procs, err = s.sandboxProcs(); err != nil {
+			return nil, err
+		}
 	}
+	rec.Procs = procs
 	p, err := s.fs.Prepare(ctx, overlay.CaptureRequest{ID: rec.ID, Parent: rec.Parent, Level: level,
 		Upper: s.sb.Layout.Upper, Lower: s.sb.Layout.Lower, Open: overlay.WritableFiles(pids(rec.Procs))})
 	if err != nil {

@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -85,8 +86,24 @@ func (o *Orchestrator) startEgress(ctx context.Context, nopts network.Options) e
 			log.L(ctx).Error("resume interrupted commits", "error", err)
 		}
 	}(context.WithoutCancel(ctx))
-	return os.WriteFile(filepath.Join(o.opts.Root, "proxy", "ca.pem"), p.CACertPEM(), 0o644)
+	share := filepath.Join(o.opts.Root, shareDir)
+	if err := os.MkdirAll(share, 0o755); err != nil {
+		return err
+	}
+	// Rewritten in place, and only when it changed: running sandboxes bind-mount this inode,
+	// and CRIU cannot restore a bind mount whose source was replaced (it sees it deleted).
+	ca := filepath.Join(share, "ca.pem")
+	if cur, err := os.ReadFile(ca); err == nil && bytes.Equal(cur, p.CACertPEM()) {
+		return nil
+	}
+	return os.WriteFile(ca, p.CACertPEM(), 0o644)
 }
+
+// shareDir (under the state root) holds the public files bind-mounted into sandboxes (the
+// egress CA's certificate), readable by the sandboxes' roots: a CRIU restore in a user
+// namespace opens a bind-mount source as the sandbox's root. The proxy's own directory,
+// with the CA's key, stays 0700.
+const shareDir = "share"
 
 func (o *Orchestrator) listenEgress(ctx context.Context, p *proxy.Proxy, gw netip.Addr, n network.Options) error {
 	type port struct {
@@ -120,7 +137,7 @@ func (o *Orchestrator) sandboxSpec(cid, dir string) ([]oci.SpecOpts, error) {
 	if o.proxy == nil {
 		return opts, nil
 	}
-	ca := filepath.Join(o.opts.Root, "proxy", "ca.pem")
+	ca := filepath.Join(o.opts.Root, shareDir, "ca.pem")
 	return append(opts,
 		oci.WithMounts([]specs.Mount{{Destination: caPath, Type: "bind", Source: ca, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}}),
 		oci.WithEnv([]string{"SSL_CERT_FILE=" + caPath, "REQUESTS_CA_BUNDLE=" + caPath, "NODE_EXTRA_CA_CERTS=" + caPath, "CURL_CA_BUNDLE=" + caPath}),

@@ -32,6 +32,17 @@ type fakeFreezer struct {
 func (f *fakeFreezer) Freeze(context.Context) error { f.set(true); return nil }
 func (f *fakeFreezer) Thaw() error                  { f.set(false); return nil }
 func (f *fakeFreezer) Procs() ([]pool.Proc, error)  { return f.procs, nil }
+func (f *fakeFreezer) Park(int) error               { return pool.ErrCannotPark }
+func (f *fakeFreezer) Adopt(int) error              { return nil }
+func (f *fakeFreezer) ProcsExcept(skip map[int]bool) ([]pool.Proc, error) {
+	var out []pool.Proc
+	for _, p := range f.procs {
+		if !skip[p.Pid] {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
 func (f *fakeFreezer) Kill(pids []int) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -55,6 +66,9 @@ type fakeFiles struct {
 	// unwritten: a Deferred rollback's record is not yet written; disk* is the head a
 	// crash leaves until it is (crash). failPersist fails the next PersistRollback.
 	unwritten   bool
+	unsynced    bool // WriteRollback put the record in place, not yet synced
+	failWrite   error
+	syncs       int // SyncRollback calls
 	diskHead    string
 	diskMeta    []byte
 	failPersist error
@@ -65,7 +79,26 @@ func (f *fakeFiles) PersistRollback() error {
 		f.failPersist = nil
 		return err
 	}
-	f.unwritten = false
+	f.unwritten, f.unsynced = false, false
+	return nil
+}
+
+// WriteRollback puts the record in place: a killed daemon's next start finds it (crash).
+// failWrite fails the next call.
+func (f *fakeFiles) WriteRollback() error {
+	if err := f.failWrite; err != nil {
+		f.failWrite = nil
+		return err
+	}
+	if f.unwritten {
+		f.unwritten, f.unsynced = false, true
+	}
+	return nil
+}
+
+func (f *fakeFiles) SyncRollback() error {
+	f.unsynced = false
+	f.syncs++
 	return nil
 }
 
@@ -139,6 +172,10 @@ func (f *fakeFiles) Diff(context.Context, string, string) ([]overlay.DiffEntry, 
 	return nil, nil
 }
 func (f *fakeFiles) Export(context.Context, string, io.Writer) error { return nil }
+func (f *fakeFiles) WriteLower(context.Context, string, overlay.LowerRequest) (*overlay.LowerResult, error) {
+	return &overlay.LowerResult{}, nil
+}
+func (f *fakeFiles) LowerSize(string) (int64, error) { return 0, nil }
 func (f *fakeFiles) RestoreInto(context.Context, string, overlay.RollbackRequest) (*overlay.RollbackResult, error) {
 	return nil, errdefs.ErrNotImplemented
 }
@@ -349,6 +386,7 @@ func newRigWith(t *testing.T, retain int, ss stateStore) *rig {
 func (r *rig) reopen() {
 	r.t.Helper()
 	if r.s != nil {
+		r.s.bg.Wait()
 		_ = r.s.intents.close()
 	}
 	r.fs.crash()
@@ -374,7 +412,7 @@ func (r *rig) reopen() {
 	close(s.ready)
 	r.o.sessions["sb"] = s
 	r.s = s
-	r.t.Cleanup(func() { _ = s.intents.close() })
+	r.t.Cleanup(func() { s.bg.Wait(); _ = s.intents.close() })
 }
 
 func (r *rig) checkpoint() string {

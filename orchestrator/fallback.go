@@ -39,8 +39,6 @@ func (o *Orchestrator) criuFallback(s *session) (fallback, noFallback string) {
 		return "", ""
 	case !o.criu.Available:
 		return "", "CRIU is unavailable on this node: " + o.criu.Reason
-	case s.sb.Isolation.UserNamespace:
-		return "", "the sandbox has a user namespace, which CRIU cannot restore (pool create --no-userns)"
 	case len(s.templateCheckpoints()) > 0:
 		return "", fmt.Sprintf("checkpoints %v hold templates, and CRIU cannot dump the processes the daemon traces", s.templateCheckpoints())
 	}

@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -71,11 +73,12 @@ func (o *Orchestrator) ForkFrom(ctx context.Context, id string, req api.Snapshot
 	if err != nil {
 		return nil, err
 	}
-	if ck.Images != "" {
-		if t, err := o.pools.Template(sb.Pool); err == nil && !t.NoUserNamespace {
-			return nil, fmt.Errorf("checkpoint %s holds processes, restored by CRIU, which needs a pool without user namespaces (pool %q has one): %w",
-				ck.ID, sb.Pool, errdefs.ErrFailedPrecondition)
+	if ck.Images == "" {
+		leases, err := o.forkShared(ctx, s, sb, ck, target, doc, req, emit)
+		if !errdefs.IsNotImplemented(err) {
+			return leases, err
 		}
+		log.L(ctx).Warn("fork without a shared layer (files written into each fork)", "sandbox", id, "error", err)
 	}
 	var leases []api.Lease
 	for n := range req.Count {
@@ -92,6 +95,149 @@ func (o *Orchestrator) ForkFrom(ctx context.Context, id string, req api.Snapshot
 	}
 	emit(api.Progress{Phase: "fork", Done: int64(req.Count), Total: int64(req.Count)})
 	return leases, nil
+}
+
+// forkShared forks from a checkpoint without processes: the checkpoint's files are written
+// once as an overlay layer (overlay.Store.WriteLower, in the sandbox's own ids) that every
+// fork stacks read-only above the image with an empty upper dir of its own
+// (pool.LeaseRequest.SharedLower), so neither the image nor the checkpoint's files are copied
+// per fork; the forks are made concurrently. The layer is removed with its last fork; until
+// then a later fork of the same checkpoint stacks it too instead of writing another. A pool
+// whose snapshots are not overlay snapshot dirs answers not_implemented (the caller writes
+// the files into each fork instead). s.mu is read-held.
+func (o *Orchestrator) forkShared(ctx context.Context, s *session, sb pool.Sandbox, ck ckptRecord, to restoreTarget, doc []byte, req api.SnapshotRequest, emit Emit) ([]api.Lease, error) {
+	start := time.Now()
+	if dir, ok := o.heldForkLayer(s, ck.ID); ok { // forks of this checkpoint still run on it
+		defer o.pools.ReleaseForkLower(context.WithoutCancel(ctx), dir)
+		layer := &sharedLayer{dir: dir, done: make(chan struct{})}
+		close(layer.done)
+		log.L(ctx).Info("fork on the shared layer of earlier forks", "sandbox", s.id, "checkpoint", ck.ID, "layer", dir)
+		return o.forkOnShared(ctx, s, ck, to, doc, req, emit, layer, start)
+	}
+	size, err := s.fs.LowerSize(ck.ID)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := o.pools.NewForkLower(ctx, sb, size)
+	if err != nil {
+		return nil, err
+	}
+	defer o.pools.ReleaseForkLower(context.WithoutCancel(ctx), dir)
+	// The layer is written while the forks' containers are made; each waits for it before
+	// its task mounts the root filesystem.
+	layer := &sharedLayer{dir: dir, done: make(chan struct{})}
+	go func() {
+		defer close(layer.done)
+		written, err := s.fs.WriteLower(ctx, ck.ID, overlay.LowerRequest{Dir: dir})
+		if err != nil {
+			layer.err = fmt.Errorf("write checkpoint %s as a shared layer: %w", ck.ID, err)
+			return
+		}
+		log.L(ctx).Info("checkpoint written as a shared fork layer", "sandbox", s.id, "checkpoint", ck.ID, "layer", dir,
+			"entries", written.Entries, "bytes", written.Bytes, "ms", ms(time.Since(start)))
+		s.forkLayersMu.Lock() // complete: later forks of the checkpoint may use it
+		if s.forkLayers == nil {
+			s.forkLayers = map[string]string{}
+		}
+		s.forkLayers[ck.ID] = dir
+		s.forkLayersMu.Unlock()
+	}()
+	defer func() { <-layer.done }() // before the layer is released
+	return o.forkOnShared(ctx, s, ck, to, doc, req, emit, layer, start)
+}
+
+// heldForkLayer returns the layer an earlier fork of checkpoint ckpt wrote, held again,
+// while it exists.
+func (o *Orchestrator) heldForkLayer(s *session, ckpt string) (string, bool) {
+	s.forkLayersMu.Lock()
+	defer s.forkLayersMu.Unlock()
+	dir, ok := s.forkLayers[ckpt]
+	if !ok {
+		return "", false
+	}
+	if !o.pools.HoldForkLower(dir) {
+		delete(s.forkLayers, ckpt)
+		return "", false
+	}
+	return dir, true
+}
+
+// forkOnShared makes req.Count forks on layer concurrently. s.mu is read-held.
+func (o *Orchestrator) forkOnShared(ctx context.Context, s *session, ck ckptRecord, to restoreTarget, doc []byte, req api.SnapshotRequest, emit Emit, layer *sharedLayer, start time.Time) ([]api.Lease, error) {
+	var (
+		mu     sync.Mutex
+		done   int64
+		wg     sync.WaitGroup
+		leases = make([]api.Lease, req.Count)
+		errs   = make([]error, req.Count)
+	)
+	emit(api.Progress{Phase: "fork", Done: 0, Total: int64(req.Count)})
+	for n := range req.Count {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			leases[n], errs[n] = o.forkOnLayer(ctx, s, ck, to, doc, req.Replay, layer, start)
+			mu.Lock()
+			done++
+			emit(api.Progress{Phase: "fork", Done: done, Total: int64(req.Count)})
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	<-layer.done
+	if layer.err != nil {
+		return nil, layer.err
+	}
+	var out []api.Lease
+	var first error
+	for n := range req.Count {
+		if errs[n] != nil {
+			if first == nil {
+				first = fmt.Errorf("fork %d of %d from %s@%s: %w", n+1, req.Count, s.id, ck.ID, errs[n])
+			}
+			continue
+		}
+		out = append(out, leases[n])
+	}
+	return out, first
+}
+
+// forkOnLayer makes one fork on the shared layer dir: a new sandbox of the pool (its own ID,
+// address, user namespace range and, when the image or checkpoint has one, /etc/machine-id)
+// whose files are the layer's. Its LeaseMS counts from the start of the fork call (the
+// layer's writing included). s.mu is read-held.
+func (o *Orchestrator) forkOnLayer(ctx context.Context, s *session, ck ckptRecord, to restoreTarget, doc []byte, replay bool, layer *sharedLayer, start time.Time) (api.Lease, error) {
+	lr := to.lease
+	lr.Env = append(append([]string(nil), lr.Env...), seedEnv+"="+newSeed())
+	lr.SharedLower = layer.dir
+	ready := func(ctx context.Context) error {
+		select {
+		case <-layer.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return layer.err
+	}
+	prepare := func(layout pool.Layout) error { return freshMachineID(layout) }
+	res, warm, err := o.pools.LeaseOnLayer(ctx, to.pool, lr, ready, prepare)
+	if err != nil {
+		return api.Lease{}, err
+	}
+	leased := time.Since(start)
+	if o.proxy != nil {
+		o.proxy.CopyRecordings(s.id, res.ID, replay)
+	}
+	o.startSessionWith(ctx, res.Sandbox, &sessionSeed{state: doc, message: to.message})
+	log.L(ctx).Info("sandbox forked from a checkpoint on a shared layer", "sandbox", res.ID, "from", s.id,
+		"checkpoint", ck.ID, "layer", layer.dir, "warm", warm, "leased_ms", ms(leased), "ms", ms(time.Since(start)))
+	return api.Lease{LeaseResult: apiLeaseResult(res), LeaseMS: ms(time.Since(start))}, nil
+}
+
+// sharedLayer is a fork layer being written: done is closed once it is (err says how).
+type sharedLayer struct {
+	dir  string
+	done chan struct{}
+	err  error
 }
 
 // forkOne leases one warm sandbox and makes it the checkpoint's. s.mu is read-held.
@@ -139,10 +285,20 @@ func (o *Orchestrator) forkProcesses(ctx context.Context, s *session, ck ckptRec
 	return api.Lease{LeaseResult: apiLeaseResult(res), LeaseMS: ms(time.Since(start))}, nil
 }
 
-// forkTask is the pool's RestoreFunc of forkProcesses.
+// forkTask is the pool's RestoreFunc of forkProcesses. Each fork restores from its own
+// hard-linked copy of the checkpoint's images (its user namespace is moved into the fork's id
+// range; the checkpoint's own images stay as they are).
 func (o *Orchestrator) forkTask(s *session, ck ckptRecord) pool.RestoreFunc {
-	images := filepath.Join(ck.Images, "images")
 	return func(ctx context.Context, c containerd.Container, layout pool.Layout, ioc cio.Creator) (containerd.Task, error) {
+		work, err := os.MkdirTemp(filepath.Join(o.opts.Root, "criu-work"), "fork-"+c.ID()+"-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(work)
+		images := filepath.Join(work, "images")
+		if err := criu.LinkImages(filepath.Join(ck.Images, "images"), images); err != nil {
+			return nil, fmt.Errorf("images of checkpoint %s: %w", ck.ID, err)
+		}
 		conf, err := criu.ConfigOf(ctx, c)
 		if err != nil {
 			return nil, err
@@ -150,9 +306,13 @@ func (o *Orchestrator) forkTask(s *session, ck ckptRecord) pool.RestoreFunc {
 		if err := writeNewIdentityConfig(conf, images); err != nil {
 			return nil, err
 		}
+		ids, err := intoUserNS(ctx, c, images)
+		if err != nil {
+			return nil, err
+		}
 		pr, pw := io.Pipe()
 		go func() { pw.CloseWithError(s.fs.Export(ctx, ck.ID, pw)) }()
-		err = overlay.Import(ctx, pr, layout.Upper, overlay.WithOverlayWhiteouts())
+		err = overlay.Import(ctx, pr, layout.Upper, append(ids, overlay.WithOverlayWhiteouts())...)
 		pr.CloseWithError(err)
 		if err != nil {
 			return nil, fmt.Errorf("write the files of checkpoint %s: %w", ck.ID, err)

@@ -23,12 +23,20 @@ func (o *Orchestrator) Sandbox(id string) (api.Sandbox, error) {
 // Exec runs a command in a leased sandbox, as POST /v1/sandboxes/{id}/exec does: the
 // sandbox's first checkpoint is taken before anything runs.
 func (o *Orchestrator) Exec(ctx context.Context, id string, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error) {
+	return o.ExecNotify(ctx, id, req, nil, stdin, stdout, stderr)
+}
+
+// ExecNotify is Exec that calls started, when not nil, with the command's pid in the sandbox
+// once it runs, before any output (not at all when it could not be started, when it runs
+// through containerd, or when the sandbox's init predates start reports).
+func (o *Orchestrator) ExecNotify(ctx context.Context, id string, req api.ExecRequest, started func(pid int), stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error) {
 	if _, err := o.session(ctx, id); err != nil {
 		return api.ExitStatus{}, err
 	}
 	st, err := o.pools.Exec(ctx, id, pool.ExecRequest{
 		Argv: req.Argv, Env: req.Env, Workdir: req.Workdir, User: req.User,
 		Timeout: time.Duration(req.TimeoutMS * float64(time.Millisecond)), OutputCap: req.OutputCap, Tag: req.Tag, Via: req.Via,
+		Started: started,
 	}, stdin, stdout, stderr)
 	return apiExitStatus(st), err
 }
@@ -36,6 +44,15 @@ func (o *Orchestrator) Exec(ctx context.Context, id string, req api.ExecRequest,
 // KillTag kills the processes of a sandbox's execs tagged tag (and their descendants).
 func (o *Orchestrator) KillTag(ctx context.Context, id, tag string) (int, error) {
 	return o.pools.KillTag(ctx, id, tag)
+}
+
+// SignalTag sends sig ("SIGTERM", "SIGINT", ...; "SIGKILL" kills as KillTag does) once to the
+// processes of a sandbox's execs tagged tag and their descendants, without waiting for them.
+func (o *Orchestrator) SignalTag(ctx context.Context, id, tag, sig string) (int, error) {
+	if sig == "" || sig == "SIGKILL" {
+		return o.pools.KillTag(ctx, id, tag)
+	}
+	return o.pools.SignalTag(ctx, id, tag, sig)
 }
 
 // SandboxRoot opens a leased sandbox's root filesystem for symlink-safe access from the host.

@@ -1,17 +1,21 @@
 package orchestrator
 
 import (
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/internal/atomicfile"
+	"github.com/deltabox/deltabox/internal/failpoint"
 )
 
 // A rollback changes the effect journal, the files and the agent state one after another.
@@ -34,6 +38,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // rollbackIntent is a rollback that began and may not have finished.
 type rollbackIntent struct {
+	ID        string `json:"id,omitempty"`         // random; names the rollback in its head record
 	Target    string `json:"target"`               // checkpoint rolled back to
 	Watermark uint64 `json:"watermark"`            // effects after it (the common ancestor's) are dropped
 	StateSeq  uint64 `json:"state_seq"`            // the target's state sequence number
@@ -117,12 +122,23 @@ func (l *intentLog) read() (*rollbackIntent, error) {
 
 // write records in durably (one fdatasync).
 func (l *intentLog) write(in rollbackIntent) error {
-	payload, err := json.Marshal(in)
+	synced, err := l.writeAsync(in)
 	if err != nil {
 		return err
 	}
+	return synced()
+}
+
+// writeAsync is write whose fdatasync runs in the background: the record is in the page
+// cache when it returns (a killed daemon's next start finds it); synced waits for the sync
+// and returns its error.
+func (l *intentLog) writeAsync(in rollbackIntent) (synced func() error, err error) {
+	payload, err := json.Marshal(in)
+	if err != nil {
+		return nil, err
+	}
 	if len(payload) > intentSize-intentHead {
-		return fmt.Errorf("rollback intent of %d bytes does not fit its record", len(payload))
+		return nil, fmt.Errorf("rollback intent of %d bytes does not fit its record", len(payload))
 	}
 	buf := make([]byte, intentHead+len(payload))
 	binary.LittleEndian.PutUint32(buf, intentMagic)
@@ -130,12 +146,25 @@ func (l *intentLog) write(in rollbackIntent) error {
 	binary.LittleEndian.PutUint32(buf[8:], crc32.Checksum(payload, castagnoli))
 	copy(buf[intentHead:], payload)
 	if _, err := l.f.WriteAt(buf, 0); err != nil {
-		return fmt.Errorf("write rollback intent: %w", err)
+		return nil, fmt.Errorf("write rollback intent: %w", err)
 	}
-	if err := unix.Fdatasync(int(l.f.Fd())); err != nil {
-		return fmt.Errorf("sync rollback intent: %w", err)
-	}
-	return nil
+	done, fd := make(chan error, 1), int(l.f.Fd())
+	go func() {
+		err := failpoint.Inject("rollback/intent-sync")
+		if err == nil {
+			err = unix.Fdatasync(fd)
+		}
+		done <- err
+	}()
+	var once sync.Once
+	var serr error
+	return func() error {
+		once.Do(func() { serr = <-done })
+		if serr != nil {
+			return fmt.Errorf("sync rollback intent: %w", serr)
+		}
+		return nil
+	}, nil
 }
 
 // clear marks the intent finished (no sync: see above).
@@ -152,4 +181,11 @@ func (l *intentLog) close() error {
 		return nil
 	}
 	return l.f.Close()
+}
+
+// nonce returns a random ID for a rollback intent.
+func nonce() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

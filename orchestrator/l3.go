@@ -48,9 +48,6 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 		return 0, nil, fmt.Errorf("sandbox %q has process templates (checkpoints %v), which CRIU cannot dump (they are traced by the daemon): %w",
 			s.id, ids, errdefs.ErrFailedPrecondition)
 	}
-	if s.sb.Isolation.UserNamespace {
-		return 0, nil, fmt.Errorf("L3 checkpoint of sandbox %q: %w: %w", s.id, criu.ErrUserNamespace, errdefs.ErrFailedPrecondition)
-	}
 	dir := filepath.Join(s.dir, "l3", rec.ID)
 	if err := os.RemoveAll(dir); err != nil {
 		return 0, nil, err
@@ -59,6 +56,9 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 	// after the resume; then containerd's checkpoint expects a task it paused itself (runc
 	// pause), not a cgroup frozen behind its back. Both undo steps run even if the request is
 	// cancelled.
+	followers := o.procs.gate(s.id)
+	followers.pause(initParkTimeout) // detached execs run on; their followers come back after
+	defer followers.resume()
 	if err := parkInit(ctx, s.sb); err != nil {
 		return 0, nil, err
 	}
@@ -86,7 +86,7 @@ func (o *Orchestrator) cutL3(ctx context.Context, s *session, level overlay.Leve
 		os.RemoveAll(dir)
 		return 0, nil, err
 	}
-	pending, err := o.capture(ctx, s, level, rec) // files, state seq, watermark, procs
+	pending, err := o.capture(ctx, s, level, rec, nil) // files, state seq, watermark, procs
 	if err != nil {
 		os.RemoveAll(dir)
 		return 0, nil, err
@@ -244,6 +244,11 @@ func removeImages(c ckptRecord) {
 // are back at the checkpoint and the sandbox is frozen; every process is killed and the task is
 // restored from the checkpoint's CRIU images under the same ID and network identity.
 func (o *Orchestrator) restoreProcesses(ctx context.Context, s *session, target ckptRecord) error {
+	// The followers of detached execs attach again to the restored init: an exec the
+	// checkpoint holds goes on being followed, one started after it ends as lost.
+	followers := o.procs.gate(s.id)
+	followers.pause(initParkTimeout)
+	defer followers.resume()
 	procs, err := s.frz.Procs()
 	if err != nil {
 		return err

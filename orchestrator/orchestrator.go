@@ -60,6 +60,10 @@ type Options struct {
 	RequestBodyBudget  int64
 	Snapshots          SnapshotOptions // signing and trust of L3 snapshots
 	SandboxDefaults    pool.Limits     // limits of sandboxes whose pool sets none (zero: unlimited)
+
+	// ForkLayerMemory bounds the tmpfs of the shared fork layers (pool.Options.ForkLowerMemory:
+	// 0 default, negative none).
+	ForkLayerMemory int64
 }
 
 // SnapshotOptions configure how L3 snapshots are signed and which are trusted.
@@ -73,6 +77,8 @@ type SnapshotOptions struct {
 	TrustedKeys []string
 	// RestoreTimeout bounds one CRIU restore (default 2 minutes).
 	RestoreTimeout time.Duration
+	// DumpTimeout bounds one CRIU dump (default criu.DefaultDumpTimeout).
+	DumpTimeout time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -112,10 +118,14 @@ func (o *Options) setDefaults() {
 	if o.Snapshots.RestoreTimeout == 0 {
 		o.Snapshots.RestoreTimeout = 2 * time.Minute
 	}
+	if o.Snapshots.DumpTimeout == 0 {
+		o.Snapshots.DumpTimeout = criu.DefaultDumpTimeout
+	}
 }
 
 // Orchestrator is the running node agent.
 type Orchestrator struct {
+	closed atomic.Bool // Close began (see closing)
 	opts   Options
 	client *containerd.Client
 	criu   criu.Status
@@ -142,7 +152,7 @@ type Orchestrator struct {
 	procs procTable // detached execs (procs.go)
 
 	tracerOnce sync.Once
-	ptrace     *proctpl.Tracer // the ptrace thread of every process template (processes.go)
+	ptrace     []*proctpl.Tracer // the ptrace threads of the process templates (processes.go)
 }
 
 // New connects to containerd (failing within ConnectTimeout, naming the address), prepares
@@ -151,6 +161,17 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	opts.setDefaults()
 	if err := os.MkdirAll(opts.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("create state root %s: %w", opts.Root, err)
+	}
+	// Others may traverse the state root, not list it: the restore of a user-namespaced
+	// sandbox opens its bind-mount sources (the init binary, its run directory) as the
+	// sandbox's root (pool/userns.go). Every directory below keeps its own mode (0700 but
+	// for bin/ and the pool's containers/).
+	if err := os.Chmod(opts.Root, 0o711); err != nil {
+		return nil, fmt.Errorf("state root %s: %w", opts.Root, err)
+	}
+	if dir := closedAncestor(opts.Root); dir != "" {
+		log.L(ctx).Warn("a directory above the state root is not searchable by others: CRIU restores (L3 rollback, snapshot restore, fork with processes) in user-namespaced pools will fail; chmod o+x it or move the state root",
+			"dir", dir, "root", opts.Root)
 	}
 	client, err := connect(ctx, opts)
 	if err != nil {
@@ -166,6 +187,10 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 
 func (o *Orchestrator) start(ctx context.Context) (err error) {
 	o.criu = criu.NewChecker(o.opts.CRIUPath).Check(ctx)
+	if o.criu, err = criu.CheckBreakpoints(o.criu, o.opts.ContainerdAddress); err != nil {
+		log.L(ctx).Warn("cannot tell whether CRIU can dump on this host", "error", err)
+		err = nil
+	}
 	if !o.criu.Available {
 		log.L(ctx).Warn("L3 checkpoints disabled", "reason", o.criu.Reason)
 	}
@@ -186,14 +211,14 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return err
 	}
-	o.l3 = criu.New(o.client, criu.WithStatus(o.criu), criu.WithCRIUPath(o.opts.CRIUPath), criu.WithWorkRoot(work))
+	o.l3 = criu.New(o.client, criu.WithStatus(o.criu), criu.WithCRIUPath(o.opts.CRIUPath), criu.WithWorkRoot(work), criu.WithDumpTimeout(o.opts.Snapshots.DumpTimeout))
 	if o.opts.Metrics != nil {
 		o.registerTemplateMetrics(o.opts.Metrics)
 	}
 	popts := pool.Options{
 		Root: filepath.Join(o.opts.Root, "pool"), InitBinary: initBin, Node: o.node, Metrics: o.opts.Metrics,
 		Reset: o.resetFiles, SpecOpts: o.sandboxSpec, Claims: o.readClaims,
-		Defaults: o.opts.SandboxDefaults,
+		Defaults: o.opts.SandboxDefaults, ForkLowerMemory: o.opts.ForkLayerMemory,
 	}
 	if o.opts.Network != nil {
 		nopts := *o.opts.Network
@@ -256,6 +281,7 @@ func connect(ctx context.Context, opts Options) (*containerd.Client, error) {
 
 // Close releases the containerd connection. Sandboxes keep running.
 func (o *Orchestrator) Close(ctx context.Context) error {
+	o.closed.Store(true)
 	var errs []error
 	if o.pools != nil {
 		errs = append(errs, o.pools.Close())
@@ -297,4 +323,22 @@ func (o *Orchestrator) keepFirewall(ctx context.Context) {
 			}
 		}
 	}()
+}
+
+// closedAncestor returns the first directory above root that others may not search ("" for
+// none): a CRIU restore opens the sandbox's bind-mount sources below root as the sandbox's
+// root, an unprivileged host id.
+func closedAncestor(root string) string {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return ""
+	}
+	for dir := filepath.Dir(abs); ; dir = filepath.Dir(dir) {
+		if info, err := os.Stat(dir); err == nil && info.Mode().Perm()&0o001 == 0 {
+			return dir
+		}
+		if dir == "/" || dir == "." {
+			return ""
+		}
+	}
 }

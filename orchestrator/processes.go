@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -42,10 +44,17 @@ type procCut struct {
 	procs   []*proctpl.Proc // entries[i] is procs[i] (nil: not seized, see its Reason)
 }
 
-// tracer returns the node's ptrace thread, started on first use.
-func (o *Orchestrator) tracer() *proctpl.Tracer {
-	o.tracerOnce.Do(func() { o.ptrace = proctpl.NewTracer() })
-	return o.ptrace
+// tracer returns the i-th of the node's ptrace threads (modulo their number), started on
+// first use. There is one per core (at most 4): the processes of one checkpoint are seized
+// round-robin, so that their templates are made, and later their copies started, in
+// parallel (a template is traced by the thread that made it, for its whole life).
+func (o *Orchestrator) tracer(i int) *proctpl.Tracer {
+	o.tracerOnce.Do(func() {
+		for range max(1, min(runtime.NumCPU(), 4)) {
+			o.ptrace = append(o.ptrace, proctpl.NewTracer())
+		}
+	})
+	return o.ptrace[i%len(o.ptrace)]
 }
 
 // wantsProcesses resolves a checkpoint request's processes flag against the pool default.
@@ -79,9 +88,8 @@ func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc, noFallback 
 		if p.Pid == int(s.sb.InitPid) || tpls[p.Pid] || exited(p.Pid) {
 			continue
 		}
-		e := procEntry{Proc: p, Kept: api.KeptTemplate}
-		e.NSPid, e.Comm = nsPidComm(p.Pid)
-		proc, err := o.tracer().Seize(p.Pid, func(pid int) error { return s.checkMember(pid, p.Start) })
+		e := procEntry{Proc: p, Kept: api.KeptTemplate} // NSPid and Comm: named
+		proc, err := o.tracer(len(pc.procs)).Seize(p.Pid, func(pid int) error { return s.checkMember(pid, p.Start) })
 		if err != nil {
 			e.Kept, e.Reason = api.KeptNone, err.Error()
 			if errors.Is(err, proctpl.ErrMultiThreaded) {
@@ -115,29 +123,59 @@ func (s *session) checkMember(pid int, start uint64) error {
 
 // templateProcesses makes the templates of the seized processes once the sandbox is thawed
 // and resumes every seized process, whatever fails (a failure is that process's Reason).
-// It returns the templates by entry host pid.
+// Processes on different tracer threads are done in parallel. It returns the templates by
+// entry host pid.
 func (o *Orchestrator) templateProcesses(ctx context.Context, pc *procCut) (*procCheckpoint, map[int]*proctpl.Template) {
-	tpls := map[int]*proctpl.Template{}
+	made := make([]*proctpl.Template, len(pc.procs))
+	var wg sync.WaitGroup
 	for i, p := range pc.procs {
 		if p == nil {
 			continue
 		}
-		e := &pc.entries[i]
-		err := p.Wait()
-		var tp *proctpl.Template
-		if err == nil {
-			tp, err = p.Template()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e := &pc.entries[i]
+			t0 := time.Now()
+			err := p.Wait()
+			t1 := time.Now()
+			var tp *proctpl.Template
+			if err == nil {
+				tp, err = p.Template()
+			}
+			t2 := time.Now()
+			if rerr := p.Resume(); rerr != nil {
+				log.L(ctx).Warn("resume process after its template", "pid", p.Pid(), "error", rerr)
+			}
+			log.L(ctx).Debug("process template", "pid", p.Pid(), "wait", t1.Sub(t0), "template", t2.Sub(t1), "resume", time.Since(t2))
+			if err != nil {
+				e.Kept, e.Reason = api.KeptNone, err.Error()
+				return
+			}
+			made[i] = tp
+		}()
+	}
+	wg.Wait()
+	tpls := map[int]*proctpl.Template{}
+	for i, tp := range made {
+		if tp != nil {
+			tpls[pc.entries[i].Pid] = tp
 		}
-		if rerr := p.Resume(); rerr != nil {
-			log.L(ctx).Warn("resume process after its template", "pid", p.Pid(), "error", rerr)
-		}
-		if err != nil {
-			e.Kept, e.Reason = api.KeptNone, err.Error()
-			continue
-		}
-		tpls[e.Pid] = tp
 	}
 	return &procCheckpoint{Procs: pc.entries}, tpls
+}
+
+// name fills in each entry's pid in the sandbox and command name, read once every process
+// is resumed, so that the reads stay out of the frozen window (a process that exited
+// meanwhile keeps its template's name).
+func (pc *procCut) name(tpls map[int]*proctpl.Template) {
+	for i := range pc.entries {
+		e := &pc.entries[i]
+		e.NSPid, e.Comm = nsPidComm(e.Pid)
+		if tp := tpls[e.Pid]; e.Comm == "" && tp != nil {
+			_, e.Comm = nsPidComm(tp.Pid())
+		}
+	}
 }
 
 // exited reports whether pid is a zombie (it exited; its parent has not reaped it yet) or
@@ -170,15 +208,45 @@ func nsPidComm(pid int) (int, string) {
 	return ns, strings.TrimSpace(string(comm))
 }
 
-// templatePids returns the host pids of the session's live templates.
+// templatePids returns the host pids of the session's live templates and of their spare
+// copies (made ahead by preforkSpares).
 func (s *session) templatePids() map[int]bool {
 	out := map[int]bool{}
 	for _, byPid := range s.tpls {
 		for _, tp := range byPid {
 			out[tp.Pid()] = true
+			if sp := tp.SparePid(); sp != 0 {
+				out[sp] = true
+			}
 		}
 	}
 	return out
+}
+
+// preforkLater has the templates of checkpoint ck fork their spare copies once the caller
+// released the session (after the answer): the next rollback to ck then starts those copies
+// instead of forking (the fork of a process with 50 MB of heap copies its page tables,
+// ~1-2 ms here). It runs under the session lock, so that no checkpoint or rollback lists
+// the sandbox's processes while a spare is being made (it would not be known as one yet).
+// Only one checkpoint's templates keep spares per sandbox (the newest one, or the last one
+// rolled back to): a spare is a stopped process that counts in the sandbox's pid limit.
+func (o *Orchestrator) preforkLater(ctx context.Context, s *session, ck string) {
+	s.background(ctx, func(ctx context.Context) { o.preforkSpares(ctx, s, ck) })
+}
+
+// preforkSpares is preforkLater's work. Callers hold s.mu.
+func (o *Orchestrator) preforkSpares(ctx context.Context, s *session, ck string) {
+	if s.spares != ck {
+		for _, tp := range s.tpls[s.spares] {
+			tp.DropSpare()
+		}
+		s.spares = ck
+	}
+	for _, tp := range s.tpls[ck] {
+		if err := tp.Prefork(s.frz.Park); err != nil {
+			log.L(ctx).Debug("spare copy of a template", "sandbox", s.id, "checkpoint", ck, "pid", tp.Origin, "error", err)
+		}
+	}
 }
 
 // templateCheckpoints lists the checkpoints that hold templates.
@@ -191,6 +259,13 @@ func (s *session) templateCheckpoints() []string {
 	}
 	sort.Slice(out, func(i, j int) bool { return ckptNum(out[i]) < ckptNum(out[j]) })
 	return out
+}
+
+// sandboxProcs lists the processes of the sandbox's run: its cgroup's, without the
+// templates and their spares (stopped, they never write a file nor need a kill), whose
+// /proc entries are then not read at all.
+func (s *session) sandboxProcs() ([]pool.Proc, error) {
+	return s.frz.ProcsExcept(s.templatePids())
 }
 
 // withoutTemplates drops the session's templates from a process list.
@@ -238,43 +313,126 @@ func (s *session) unrestorable(target ckptRecord) map[pool.Proc]bool {
 }
 
 // restoreProcessCheckpoint starts a fresh copy of each process the target keeps as a
-// template (the sandbox runs; the processes of the rollback's start were killed). What it
-// cannot bring back is listed in res.ProcessesLost, with the reason.
+// template (the sandbox runs; the processes of the rollback's start were killed), in
+// parallel across the tracer threads. What it cannot bring back is listed in
+// res.ProcessesLost, with the reason.
 func (o *Orchestrator) restoreProcessCheckpoint(ctx context.Context, s *session, target ckptRecord, res *api.RollbackResult) error {
 	if target.ProcCkpt == nil {
 		return nil
 	}
 	start := time.Now()
 	tpls := s.tpls[target.ID]
-	for _, e := range target.ProcCkpt.Procs {
-		lost := api.CheckpointProcess{Pid: e.NSPid, Comm: e.Comm, Kept: e.Kept, Reason: e.Reason}
-		if e.Kept != api.KeptTemplate {
-			lost.Reason += "; if it still ran, it was left running as it is"
-			res.ProcessesLost = append(res.ProcessesLost, lost)
-			continue
-		}
+	entries := target.ProcCkpt.Procs
+	started := s.started // started in the frozen window (armedCopies)
+	s.started = nil
+	lost := make([]string, len(entries)) // why entry i was not restored
+	ok := make([]bool, len(entries))
+	var wg sync.WaitGroup
+	for i, e := range entries {
 		tp := tpls[e.Pid]
 		switch {
+		case started[e.Pid]:
+			ok[i] = true
+		case e.Kept != api.KeptTemplate:
+			lost[i] = e.Reason
 		case tp == nil:
-			lost.Reason = s.templateGone(target.ID)
+			lost[i] = s.templateGone(target.ID)
 		case !tp.Alive():
-			lost.Reason = "its template was killed (from inside the sandbox?)"
+			lost[i] = "its template was killed (from inside the sandbox?)"
 			delete(tpls, e.Pid)
 			s.tplCount.Add(-1)
 		default:
-			if _, err := tp.Copy(); err != nil {
-				lost.Reason = err.Error()
-			} else {
-				res.ProcessesRestored++
-				continue
-			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t0, spare := time.Now(), tp.SparePid()
+				defer func() {
+					log.L(ctx).Debug("process copy", "sandbox", s.id, "pid", e.Pid, "spare", spare != 0, "took", time.Since(t0))
+				}()
+				if _, err := tp.Copy(); err != nil {
+					lost[i] = err.Error()
+				} else {
+					ok[i] = true
+				}
+			}()
 		}
-		lost.Reason += "; if it still ran, it was left running as it is"
-		res.ProcessesLost = append(res.ProcessesLost, lost)
+	}
+	wg.Wait()
+	for i, e := range entries {
+		if ok[i] {
+			res.ProcessesRestored++
+			continue
+		}
+		res.ProcessesLost = append(res.ProcessesLost, api.CheckpointProcess{Pid: e.NSPid, Comm: e.Comm, Kept: e.Kept,
+			Reason: lost[i] + "; if it still ran, it was left running as it is"})
 	}
 	log.L(ctx).Debug("processes restored from templates", "sandbox", s.id, "checkpoint", target.ID,
 		"restored", res.ProcessesRestored, "lost", len(res.ProcessesLost), "took", time.Since(start))
 	return nil
+}
+
+// armedCopies are the copies of a rollback target's templates prepared in the rollback's
+// frozen window, from spares parked out of the sandbox's freezer cgroup (preforkSpares):
+// their file offsets, dumpable flag and registers are set while the sandbox is frozen (so
+// nothing of the sandbox can reach them), in parallel with the files' rollback, and they
+// are started in the frozen sandbox once every step is done: they run with the thaw.
+type armedCopies struct {
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	tpls map[int]*proctpl.Template // by entry host pid
+	pids map[int]int               // entry host pid -> armed copy
+}
+
+// armCopies starts arming the target's parked spares (nothing for a checkpoint without
+// processes, or templates without one: they fork their copies after the thaw).
+func (o *Orchestrator) armCopies(s *session, target ckptRecord) *armedCopies {
+	a := &armedCopies{tpls: map[int]*proctpl.Template{}, pids: map[int]int{}}
+	if target.ProcCkpt == nil {
+		return a
+	}
+	for _, e := range target.ProcCkpt.Procs {
+		tp := s.tpls[target.ID][e.Pid]
+		if e.Kept != api.KeptTemplate || tp == nil || tp.SparePid() == 0 {
+			continue
+		}
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			if pid, err := tp.Arm(); err == nil && pid != 0 {
+				a.mu.Lock()
+				a.tpls[e.Pid], a.pids[e.Pid] = tp, pid
+				a.mu.Unlock()
+			}
+		}()
+	}
+	return a
+}
+
+// start moves the armed copies into the frozen sandbox and starts them there (they run
+// with the thaw); it returns the entries started. Moved while stopped, a copy is frozen
+// at its start, so no instant of it runs outside the sandbox's freezing.
+func (a *armedCopies) start(frz freezer) map[int]bool {
+	a.wg.Wait()
+	started := map[int]bool{}
+	for e, pid := range a.pids {
+		tp := a.tpls[e]
+		if err := frz.Adopt(pid); err != nil {
+			tp.Disarm()
+			continue
+		}
+		if _, err := tp.Copy(); err == nil {
+			started[e] = true
+		}
+	}
+	return started
+}
+
+// cancel kills the armed copies of a rollback that failed.
+func (a *armedCopies) cancel() {
+	a.wg.Wait()
+	for e := range a.pids {
+		a.tpls[e].Disarm()
+	}
 }
 
 // releaseAllTemplates kills and collects every template of a sandbox (release).
@@ -305,8 +463,11 @@ func (s *session) releaseTemplates(id string) {
 	}
 }
 
-// processView is a checkpoint's API view of its processes, and its templates' memory.
-func (s *session) processView(c ckptRecord) ([]api.CheckpointProcess, int64) {
+// processViewMeasured is a checkpoint's API view of its processes, and its templates'
+// memory; measure false leaves the memory out (0): reading it walks each template's page
+// tables (smaps_rollup: ~1-2 ms for 50 MB of heap), and a template just made shares every
+// page with its process.
+func (s *session) processViewMeasured(c ckptRecord, measure bool) ([]api.CheckpointProcess, int64) {
 	if c.ProcCkpt == nil {
 		return nil, 0
 	}
@@ -317,7 +478,7 @@ func (s *session) processView(c ckptRecord) ([]api.CheckpointProcess, int64) {
 		if e.Kept == api.KeptTemplate {
 			if tp := s.tpls[c.ID][e.Pid]; tp == nil {
 				v.Kept, v.Reason = api.KeptNone, s.templateGone(c.ID)
-			} else {
+			} else if measure {
 				bytes += tp.Bytes()
 			}
 		}
@@ -340,13 +501,15 @@ func (o *Orchestrator) cutWithProcesses(out *map[int]*proctpl.Template, noFallba
 			return 0, nil, err
 		}
 		frozenAt := time.Now()
-		procs, err := s.frz.Procs()
+		procs, err := s.sandboxProcs()
 		if err != nil {
 			_ = o.thaw(ctx, s)
 			return 0, nil, err
 		}
+		listed := time.Now()
 		pc := o.seizeProcesses(s, procs, noFallback)
-		pending, err := o.capture(ctx, s, level, rec)
+		seized := time.Now()
+		pending, err := o.capture(ctx, s, level, rec, procs)
 		if err == nil {
 			err = failpoint.Inject("checkpoint/captured")
 		}
@@ -363,8 +526,9 @@ func (o *Orchestrator) cutWithProcesses(out *map[int]*proctpl.Template, noFallba
 		thawed := time.Now()
 		rec.ProcCkpt, *out = o.templateProcesses(ctx, pc)
 		resumed := time.Now()
+		pc.name(*out)
 		log.L(ctx).Debug("checkpoint cut with processes", "sandbox", s.id, "checkpoint", rec.ID,
-			"freeze", frozenAt.Sub(start), "capture", thawed.Sub(frozenAt), "templates", resumed.Sub(thawed),
+			"freeze", frozenAt.Sub(start), "procs", listed.Sub(frozenAt), "seize", seized.Sub(listed), "capture", thawed.Sub(seized), "templates", resumed.Sub(thawed),
 			"processes", len(pc.entries), "templated", len(*out))
 		return resumed.Sub(frozenAt), pending, nil
 	}

@@ -271,7 +271,7 @@ func TestRollbackPendingOnFullDisk(t *testing.T) {
 }
 
 // TestRollbackRecordWrittenAfterThaw: the file store's record of a rollback is written after
-// the thaw; until it is, the intent stays. When writing it fails (full disk), the sandbox
+// the thaw; until it is, the intent stays. When putting it in place fails (full disk), the sandbox
 // runs (thawed), the rollback is pending, and the next checkpoint finishes it first: files
 // again at the target, the record written, the intent cleared.
 func TestRollbackRecordWrittenAfterThaw(t *testing.T) {
@@ -279,10 +279,11 @@ func TestRollbackRecordWrittenAfterThaw(t *testing.T) {
 	c2 := r.checkpoint()
 	r.patch()
 	r.checkpoint()
-	r.fs.failPersist = syscall.ENOSPC
+	r.fs.failWrite = syscall.ENOSPC
 	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("rollback whose record cannot be written = %v", err)
 	}
+	r.s.bg.Wait()
 	if r.frz.isFrozen() {
 		t.Fatal("sandbox left frozen")
 	}
@@ -367,5 +368,90 @@ func TestRollbackToDamagedCheckpointChangesNothing(t *testing.T) {
 	}
 	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); err != nil {
 		t.Fatalf("rollback once the damage is gone = %v", err)
+	}
+}
+
+// TestAnsweredRollbackNotRedone: a rollback is answered once its record is in place (not
+// yet synced); the syncs and the intent's clear follow in the background. A daemon killed
+// before them finds, at start, the intent and a record naming it: it syncs the record and
+// clears the intent without redoing the rollback, so what the sandbox did after the answer
+// stays. A background sync that failed is retried by the next operation, before it runs.
+func TestAnsweredRollbackNotRedone(t *testing.T) {
+	r := newRig(t, 64)
+	c2 := r.checkpoint()
+	r.patch()
+	r.fx.hold()
+	r.checkpoint()
+	t.Cleanup(failpoint.Reset)
+	if err := failpoint.Enable("rollback/before-sync", "error"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); err != nil {
+		t.Fatal(err)
+	}
+	r.s.bg.Wait()
+	if in, _ := r.s.intents.read(); in == nil || r.s.unsynced == nil || !r.fs.unsynced || r.fs.unwritten {
+		t.Fatalf("after the answer, before the syncs: intent %+v, unsynced %v, record unsynced %v unwritten %v",
+			in, r.s.unsynced, r.fs.unsynced, r.fs.unwritten)
+	}
+	failpoint.Reset()
+	r.fs.files = "after-answer" // the sandbox ran on
+	r.fx.hold()                 // and made a held effect (2)
+	n, seq := r.fs.rollbacks, r.st.Seq()
+	r.reopen() // killed
+	if r.fs.rollbacks != n || r.fs.files != "after-answer" || r.fx.status(2) != "held" || r.st.Seq() != seq {
+		t.Fatalf("an answered rollback was redone at start: rollbacks %d (was %d), files %s, effect 2 %s, state seq %d (was %d)",
+			r.fs.rollbacks, n, r.fs.files, r.fx.status(2), r.st.Seq(), seq)
+	}
+	if in, _ := r.s.intents.read(); in != nil || r.fs.syncs != 1 || r.fs.unsynced || r.s.head != c2 {
+		t.Fatalf("at start: intent %+v, record syncs %d (unsynced %v), head %s; want no intent, one sync, head %s",
+			in, r.fs.syncs, r.fs.unsynced, r.s.head, c2)
+	}
+	// a failed background sync: the next checkpoint syncs first
+	if err := failpoint.Enable("rollback/before-sync", "error"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); err != nil {
+		t.Fatal(err)
+	}
+	r.s.bg.Wait()
+	failpoint.Reset()
+	r.checkpoint()
+	if in, _ := r.s.intents.read(); in != nil || r.s.unsynced != nil || r.fs.unsynced {
+		t.Fatalf("after the next checkpoint: intent %+v, unsynced %v / %v", in, r.s.unsynced, r.fs.unsynced)
+	}
+}
+
+// TestRollbackWaitsForItsIntent: the intent's fdatasync runs while the sandbox is frozen
+// and the files' rollback planned; nothing changes before it is durable: when it fails,
+// the rollback is refused with nothing changed (no process killed, no effect dropped, no
+// file written), the sandbox thawed and no intent left.
+func TestRollbackWaitsForItsIntent(t *testing.T) {
+	r := newRig(t, 64)
+	c2 := r.checkpoint()
+	r.patch()
+	r.fx.hold()
+	r.checkpoint()
+	n, seq := r.fs.rollbacks, r.st.Seq()
+	t.Cleanup(failpoint.Reset)
+	if err := failpoint.Enable("rollback/intent-sync", "error"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); !errors.Is(err, failpoint.ErrInjected) {
+		t.Fatalf("rollback whose intent cannot be synced = %v", err)
+	}
+	failpoint.Reset()
+	if r.fs.rollbacks != n || r.st.Seq() != seq || r.fx.status(1) != "held" || r.frz.isFrozen() {
+		t.Fatalf("after a failed intent sync: rollbacks %d (was %d), state seq %d (was %d), effect %s, frozen %v",
+			r.fs.rollbacks, n, r.st.Seq(), seq, r.fx.status(1), r.frz.isFrozen())
+	}
+	if in, _ := r.s.intents.read(); in != nil || r.s.pending != nil {
+		t.Fatalf("intent left after a refused rollback: %+v (pending %v)", in, r.s.pending)
+	}
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); err != nil {
+		t.Fatal(err)
+	}
+	if r.fx.status(1) != "dropped" || r.s.head != c2 {
+		t.Fatalf("the next rollback: effect %s, head %s", r.fx.status(1), r.s.head)
 	}
 }

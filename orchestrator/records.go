@@ -37,6 +37,10 @@ type ckptRecord struct {
 // sequence number at which the document is the head's, when that is not the head's own.
 type headRecord struct {
 	StateSeq uint64 `json:"state_seq"`
+	// Rollback is the ID of the rollback intent whose rollback wrote the record: at start,
+	// an intent still recorded with that ID was answered (its record was in place) and is
+	// not redone (recover).
+	Rollback string `json:"rollback,omitempty"`
 }
 
 // sessionMeta is the per-sandbox record that outlives individual checkpoints.

@@ -22,6 +22,18 @@ func (o *Orchestrator) recover(ctx context.Context, s *session) error {
 	if err != nil {
 		return err
 	}
+	if in != nil && in.ID != "" && in.ID == s.headRollback {
+		// Answered before the crash: its record, in place, names it (settleAnswered). It is
+		// made durable, not redone: the sandbox may have run on since the answer.
+		if err := s.fs.SyncRollback(); err != nil {
+			return err
+		}
+		if err := s.intents.clear(); err != nil {
+			return err
+		}
+		log.L(ctx).Info("answered rollback made durable", "checkpoint", in.Target)
+		in = nil
+	}
 	if in == nil {
 		if err := s.frz.Thaw(); err != nil {
 			return err

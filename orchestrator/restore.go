@@ -135,9 +135,6 @@ func (o *Orchestrator) restorePool(ctx context.Context, name string, cfg snapsho
 	if t.Image != cfg.Image {
 		return t, fmt.Errorf("pool %q runs %s, the snapshot needs %s: %w", name, t.Image, cfg.Image, errdefs.ErrFailedPrecondition)
 	}
-	if !t.NoUserNamespace {
-		return t, fmt.Errorf("restore into pool %q: %w: %w", name, criu.ErrUserNamespace, errdefs.ErrFailedPrecondition)
-	}
 	img, err := o.client.GetImage(ctx, cfg.Image)
 	if err != nil {
 		return t, fmt.Errorf("image %s of the snapshot: %w", cfg.Image, err)
@@ -163,8 +160,12 @@ func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 		if err := writeNewIdentityConfig(conf, f.images); err != nil {
 			return nil, err
 		}
+		ids, err := intoUserNS(ctx, c, f.images)
+		if err != nil {
+			return nil, err
+		}
 		start := time.Now()
-		if err := applyRootfs(ctx, f.rootfs, f.rootfsSize, layout.Upper); err != nil {
+		if err := applyRootfs(ctx, f.rootfs, f.rootfsSize, layout.Upper, ids...); err != nil {
 			return nil, err
 		}
 		if err := freshMachineID(layout); err != nil {
@@ -180,7 +181,26 @@ func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 	}
 }
 
-func applyRootfs(ctx context.Context, path string, size int64, upper string) error {
+// intoUserNS prepares images and a rootfs diff (which hold the ids the dumped sandbox saw)
+// for container c: in a user namespace, the images' namespace is moved into c's id range
+// (criu.RemapUserNS; CRIU checks the result against c's spec) and the returned option moves
+// the diff's owners likewise. Without one, nothing moves.
+func intoUserNS(ctx context.Context, c containerd.Container, images string) ([]overlay.ImportOption, error) {
+	spec, err := c.Spec(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("spec of %s: %w", c.ID(), err)
+	}
+	m, err := criu.SpecMapping(spec)
+	if err != nil || m == nil {
+		return nil, err
+	}
+	if err := criu.RemapUserNS(images, *m); err != nil {
+		return nil, fmt.Errorf("move the processes into the user namespace of %s: %w", c.ID(), err)
+	}
+	return []overlay.ImportOption{overlay.WithIDShift(m.HostID, m.Size)}, nil
+}
+
+func applyRootfs(ctx context.Context, path string, size int64, upper string, opts ...overlay.ImportOption) error {
 	file, err := os.Open(path)
 	if err != nil {
 		return err
@@ -192,7 +212,7 @@ func applyRootfs(ctx context.Context, path string, size int64, upper string) err
 	}
 	defer zr.Close()
 	br := &boundedReader{r: zr, n: size, what: "rootfs diff"}
-	if err := overlay.Import(ctx, br, upper, overlay.WithOverlayWhiteouts()); err != nil {
+	if err := overlay.Import(ctx, br, upper, append(opts, overlay.WithOverlayWhiteouts())...); err != nil {
 		return fmt.Errorf("apply rootfs diff: %w", err)
 	}
 	return nil

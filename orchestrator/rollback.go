@@ -75,7 +75,7 @@ func (s *session) rollbackTarget(req api.RollbackRequest) (rollbackIntent, error
 	if l < 0 {
 		return rollbackIntent{}, fmt.Errorf("checkpoint %s has no common ancestor with the head %s: %w", t.ID, s.head, errdefs.ErrDataLoss)
 	}
-	in := rollbackIntent{Target: t.ID, Watermark: s.ckpts[l].EffectsWatermark, StateSeq: t.StateSeq,
+	in := rollbackIntent{ID: nonce(), Target: t.ID, Watermark: s.ckpts[l].EffectsWatermark, StateSeq: t.StateSeq,
 		StateFrom: s.state.Seq(), From: s.head, FromSeq: s.headSeq}
 	switch {
 	case s.state.Has(t.StateSeq): // its document is a point of the log: undo to it
@@ -96,15 +96,21 @@ func (s *session) rollbackTarget(req api.RollbackRequest) (rollbackIntent, error
 func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult, record bool) (time.Duration, error) {
 	began := time.Now()
 	if record {
-		// Before the freeze, so that its fdatasync stays out of the frozen window: the
-		// session lock keeps the state and checkpoints still, and whatever the sandbox does
-		// until the freeze is after the target, undone by a redo as by the rollback.
+		// Written before the freeze (the session lock keeps the state and checkpoints
+		// still, and whatever the sandbox does until the freeze is after the target, undone
+		// by a redo as by the rollback); its fdatasync runs meanwhile, in parallel with the
+		// freeze and the files' planning, and the first change waits for it (BeforeWrite):
+		// nothing changes before the intent is durable. In the page cache it already
+		// survives a killed daemon.
 		if err := failpoint.Inject("rollback/before-intent"); err != nil {
 			return 0, err
 		}
-		if err := s.intents.write(in); err != nil {
+		synced, err := s.intents.writeAsync(in)
+		if err != nil {
 			return 0, err // nothing changed
 		}
+		s.intentSynced = synced
+		defer func() { _ = synced(); s.intentSynced = nil }() // never left running
 	}
 	freezeAt := time.Now()
 	if err := s.frz.Freeze(ctx); err != nil {
@@ -151,12 +157,82 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 	// processes are gone.
 	err = o.restoreProcessCheckpoint(ctx, s, target, res)
 	frozen, copied := time.Since(frozenAt), time.Now()
-	if serr := o.settle(s, in); serr != nil {
+	settle := o.settle
+	if record { // answered before the record's syncs (settleAnswered)
+		settle = o.settleAnswered
+	}
+	if serr := settle(s, in); serr != nil {
 		return 0, serr
 	}
 	log.L(ctx).Debug("rollback phases", "sandbox", s.id, "checkpoint", in.Target, "intent", freezeAt.Sub(began), "freeze", frozenAt.Sub(freezeAt),
 		"apply", applied.Sub(frozenAt), "thaw", thawed.Sub(applied), "copies", copied.Sub(thawed), "record", time.Since(copied))
+	o.afterRollback(ctx, s, target)
 	return frozen, err
+}
+
+// settleAnswered is settle for a rollback about to be answered: the record goes in place
+// (written and renamed, not synced: the page cache holds it) and the intent stays until a
+// background step (afterRollback), or the sandbox's next checkpoint operation, makes the
+// record durable and clears it (syncRollback). The record names the intent, so a daemon
+// killed in between finds, at start, a record that says its rollback is done: it syncs
+// the record and clears the intent instead of redoing the rollback, which would undo what
+// the sandbox did after the answer (its files, its held effects). Only a power loss in
+// those milliseconds loses the record (or cuts it: the store then ignores it), and the
+// rollback is then redone at start: what the sandbox did since the answer is undone, as
+// a power loss loses the sandbox's own unsynced writes. Nothing after the answer can
+// commit it before: a commit, checkpoint or rollback syncs first.
+func (o *Orchestrator) settleAnswered(s *session, in rollbackIntent) error {
+	err := failpoint.Inject("rollback/after-thaw")
+	if err == nil {
+		err = s.fs.WriteRollback()
+	}
+	if err != nil {
+		s.pending = &in
+		return pendingError(err)
+	}
+	s.pending, s.unsynced = nil, &in
+	return nil
+}
+
+// syncRollback makes an answered rollback durable (settleAnswered): its record synced, then
+// its intent cleared. Callers hold s.mu.
+func (o *Orchestrator) syncRollback(s *session) error {
+	if s.unsynced == nil {
+		return nil
+	}
+	err := failpoint.Inject("rollback/before-sync")
+	if err == nil {
+		err = s.fs.PersistRollback()
+	}
+	if err == nil {
+		err = failpoint.Inject("rollback/synced")
+	}
+	if err == nil {
+		err = s.intents.clear()
+	}
+	if err != nil {
+		return fmt.Errorf("make the rollback to %s durable: %w", s.unsynced.Target, err)
+	}
+	s.unsynced = nil
+	return nil
+}
+
+// afterRollback runs, once the caller released the session (after the answer), what a
+// rollback leaves to the background: the syncs of its record (syncRollback), then the spare
+// copies of the target's templates (preforkSpares).
+func (o *Orchestrator) afterRollback(ctx context.Context, s *session, target ckptRecord) {
+	if s.unsynced == nil && target.ProcCkpt == nil {
+		return
+	}
+	s.background(ctx, func(ctx context.Context) {
+		if err := o.syncRollback(s); err != nil {
+			log.L(ctx).Error("rollback record", "sandbox", s.id, "error", err) // the next operation retries
+			return
+		}
+		if target.ProcCkpt != nil {
+			o.preforkSpares(ctx, s, target.ID)
+		}
+	})
 }
 
 // settle ends a rollback whose steps are done: the file store's record of the new head is
@@ -195,18 +271,29 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 		return fmt.Errorf("checkpoint %s is gone: %w", in.Target, errdefs.ErrDataLoss)
 	}
 	target := s.ckpts[i]
-	procs, err := s.frz.Procs()
+	t0 := time.Now()
+	procs, err := s.sandboxProcs() // the templates belong to checkpoints, not to the sandbox's run
 	if err != nil {
 		return err
 	}
-	procs = s.withoutTemplates(procs) // they belong to checkpoints, not to the sandbox's run
+	armed := o.armCopies(s, target) // after the list: the copies are never in it
+	done := false
+	defer func() {
+		if done {
+			s.started = armed.start(s.frz)
+		} else {
+			armed.cancel()
+		}
+	}()
+	t1 := time.Now()
+	var tStop, tStopped time.Time
 	merged, closeRoot, err := s.merged()
 	if err != nil {
 		return err
 	}
 	// Processes and effects go only once the files' rollback is known to be possible (its
 	// contents opened and checked): a damaged target changes nothing (errNothingChanged).
-	headMeta, err := json.Marshal(headRecord{StateSeq: in.stateSeqAfter()})
+	headMeta, err := json.Marshal(headRecord{StateSeq: in.stateSeqAfter(), Rollback: in.ID})
 	if err != nil {
 		return err
 	}
@@ -215,10 +302,18 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs)), Meta: headMeta,
 		Deferred: true, // written by settle, after the thaw
 		BeforeWrite: func() error {
+			if s.intentSynced != nil {
+				if err := s.intentSynced(); err != nil {
+					return fmt.Errorf("sync rollback intent: %w (%w)", err, errNothingChanged)
+				}
+			}
 			began = true
+			tStop = time.Now()
+			defer func() { tStopped = time.Now() }()
 			return o.stopNewer(ctx, s, in, target, procs, res)
 		}})
 	closeRoot()
+	t2 := time.Now()
 	var damage *overlay.DamageError
 	if !began && errors.As(err, &damage) {
 		return fmt.Errorf("restore files: %w (%w)", err, errNothingChanged)
@@ -233,6 +328,11 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	if res.OpsUndone, err = s.undoState(ctx, in); err != nil {
 		return fmt.Errorf("files restored, but undoing agent state failed: %w", err)
 	}
+	t3 := time.Now()
+	defer func() {
+		log.L(ctx).Debug("rollback apply phases", "sandbox", s.id, "procs", t1.Sub(t0), "files_plan", tStop.Sub(t1),
+			"stop", tStopped.Sub(tStop), "files_write", t2.Sub(tStopped), "state", t3.Sub(t2), "effects", time.Since(t3))
+	}()
 	if err := failpoint.Inject("rollback/after-state"); err != nil {
 		return err
 	}
@@ -240,7 +340,11 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	if err := o.effects.SetCheckpoint(ctx, s.id, target.ID); err != nil {
 		return err
 	}
-	return failpoint.Inject("rollback/before-clear")
+	if err := failpoint.Inject("rollback/before-clear"); err != nil {
+		return err
+	}
+	done = true
+	return nil
 }
 
 // errNothingChanged marks a rollback refused before it changed anything (its target's stored
@@ -308,6 +412,9 @@ func (in rollbackIntent) stateSeqAfter() uint64 {
 // finishPending redoes a rollback that failed after it began. Callers hold s.mu.
 func (o *Orchestrator) finishPending(ctx context.Context, s *session) error {
 	if err := s.takeAsyncError(); err != nil {
+		return err
+	}
+	if err := o.syncRollback(s); err != nil {
 		return err
 	}
 	if s.pending == nil {

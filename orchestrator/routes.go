@@ -36,6 +36,7 @@ func (o *Orchestrator) routes(mux *http.ServeMux) {
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/release", handle(o.release))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", o.exec)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/exec/tty", o.execTTY)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/procs", handle(func(r *http.Request) (any, error) {
 		if _, err := o.session(r.Context(), r.PathValue("id")); err != nil {
 			return nil, err

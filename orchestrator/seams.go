@@ -20,7 +20,10 @@ type freezer interface {
 	Freeze(ctx context.Context) error
 	Thaw() error
 	Procs() ([]pool.Proc, error)
-	Kill(pids []int) int // SIGKILL through pidfds, members of the sandbox only
+	ProcsExcept(skip map[int]bool) ([]pool.Proc, error) // Procs without skip
+	Park(pid int) error                                 // out of the sandbox's freezing (pool.ErrCannotPark)
+	Adopt(pid int) error                                // back in
+	Kill(pids []int) int                                // SIGKILL through pidfds, members of the sandbox only
 }
 
 // fileStore keeps a sandbox's file checkpoints (overlay.Store).
@@ -31,12 +34,16 @@ type fileStore interface {
 	HeadMeta() []byte
 	Prepare(ctx context.Context, req overlay.CaptureRequest) (pendingFiles, error)
 	Rollback(ctx context.Context, req overlay.RollbackRequest) (*overlay.RollbackResult, error)
-	PersistRollback() error // writes a Deferred rollback's record
+	PersistRollback() error // makes a Deferred rollback's record durable
+	WriteRollback() error   // puts a Deferred rollback's record in place, without syncing it
+	SyncRollback() error    // makes the record on disk durable (at start)
 	Delete(ctx context.Context, id string, merge ...overlay.MetaMerge) error
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error
 	ReadFile(ctx context.Context, id, path string, w io.Writer) (overlay.FileInfo, error)
 	RestoreInto(ctx context.Context, id string, req overlay.RollbackRequest) (*overlay.RollbackResult, error)
+	WriteLower(ctx context.Context, id string, req overlay.LowerRequest) (*overlay.LowerResult, error)
+	LowerSize(id string) (int64, error)
 	Verify(ctx context.Context, id, merged string, opts ...overlay.VerifyOption) ([]overlay.Mismatch, error)
 	Scrub(ctx context.Context) ([]overlay.Damage, error)
 	Close() error

@@ -54,8 +54,23 @@ type session struct {
 	tpls       map[string]map[int]*proctpl.Template
 	tplDropped map[string]string // why a checkpoint's templates were dropped (tplbounds.go)
 	tplCount   atomic.Int64      // templates in tpls, for the node's metrics and bound
-	tplBytes   atomic.Int64      // their memory, as last measured
-	asyncErr   error             // the failure of the last asynchronous checkpoint (async.go)
+	spares     string            // the checkpoint whose templates keep spare copies (preforkLater)
+	// unsynced is an answered rollback whose record is in place but not yet durable, and
+	// whose intent is still recorded (syncRollback).
+	unsynced *rollbackIntent
+	// headRollback is the rollback intent ID in the head record read at start (loadHead).
+	headRollback string
+	bg           sync.WaitGroup // background steps of operations (afterRollback, preforkLater)
+	started      map[int]bool   // the rollback's copies started in its frozen window, by entry pid
+	intentSynced func() error   // waits for the running rollback's intent to be durable
+	tplBytes     atomic.Int64   // their memory, as last measured
+	asyncErr     error          // the failure of the last asynchronous checkpoint (async.go)
+
+	// forkLayers are the shared fork layers written from this sandbox's checkpoints, by
+	// checkpoint ID (forkfrom.go): a later fork of the same checkpoint reuses one while a
+	// fork still uses it.
+	forkLayersMu sync.Mutex
+	forkLayers   map[string]string
 
 	ready     chan struct{} // closed once open finished
 	openErr   error
@@ -140,6 +155,7 @@ func (o *Orchestrator) openSession(ctx context.Context, s *session, seed *sessio
 			return err
 		}
 	}
+	o.resumeProcs(ctx, s) // after a restart: the detached execs it had
 	var err error
 	s.stopServe, err = o.serveSelf(ctx, s)
 	return err
@@ -153,6 +169,9 @@ func (o *Orchestrator) openStores(ctx context.Context, s *session) error {
 	}
 	if m := s.sb.Isolation.IDMapping; m != nil { // the image shows through idmapped mounts
 		opts = append(opts, overlay.WithLowerIDs(m.HostID, m.Size))
+	}
+	if l := s.sb.Layout.Folded; l != "" { // a fork's shared layer: part of its files
+		opts = append(opts, overlay.WithFoldedLower(l))
 	}
 	fs, err := overlay.NewStore(filepath.Join(s.dir, "layers"), opts...)
 	if err != nil {
@@ -235,7 +254,7 @@ func (s *session) loadHead() error {
 		if err := json.Unmarshal(m, &h); err != nil {
 			return fmt.Errorf("head record: %v: %w", err, errdefs.ErrDataLoss)
 		}
-		s.headSeq = h.StateSeq
+		s.headSeq, s.headRollback = h.StateSeq, h.Rollback
 	}
 	return nil
 }
@@ -260,6 +279,7 @@ func (s *session) latest() *ckptRecord {
 }
 
 func (s *session) close() error {
+	s.bg.Wait() // a rollback's record is synced before its files close
 	if s.stopServe != nil {
 		s.stopServe()
 	}
@@ -334,4 +354,18 @@ func (s *session) seedState(ctx context.Context, doc json.RawMessage) error {
 		return fmt.Errorf("restore agent state: %w", err)
 	}
 	return nil
+}
+
+// background runs fn under the session lock once the caller has released it (after the
+// answer), on a goroutine the session's close waits for (bg), with ctx's values but not its
+// cancellation.
+func (s *session) background(ctx context.Context, fn func(context.Context)) {
+	ctx = context.WithoutCancel(ctx)
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		fn(ctx)
+	}()
 }

@@ -182,11 +182,14 @@ func (s *session) committed(id string) bool {
 }
 
 // view is the API view of a checkpoint record.
-func (s *session) view(c ckptRecord) api.Checkpoint {
+func (s *session) view(c ckptRecord) api.Checkpoint { return s.viewMeasured(c, true) }
+
+// viewMeasured is view; measure false leaves the templates' memory out (processViewMeasured).
+func (s *session) viewMeasured(c ckptRecord, measure bool) api.Checkpoint {
 	v := c.Checkpoint
 	v.Committed = s.committed(c.ID)
 	v.Pinned = s.pinned(c.ID)
 	v.Head = c.ID == s.head
-	v.Processes, v.TemplateBytes = s.processView(c)
+	v.Processes, v.TemplateBytes = s.processViewMeasured(c, measure)
 	return v
 }

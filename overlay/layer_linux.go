@@ -41,7 +41,16 @@ func (s *Store) export(ctx context.Context, id string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	state := s.foldState(pos)
+	state, err := s.fullState(pos) // the folded layer is part of the sandbox's files
+	if err != nil {
+		return err
+	}
+	lowers := s.exportLowers(s.chain[pos].Lower)
+	if s.opts.fold != "" {
+		if state, err = hidingOnly(state, lowers); err != nil {
+			return err
+		}
+	}
 	tmp, err := os.MkdirTemp(s.dir, ".export-")
 	if err != nil {
 		return err
@@ -54,12 +63,36 @@ func (s *Store) export(ctx context.Context, id string, w io.Writer) error {
 	if err := s.materialize(state, upper); err != nil {
 		return err
 	}
-	base, release, err := lowerBase(tmp, s.chain[pos].Lower)
+	base, release, err := lowerBase(tmp, lowers)
 	if err != nil {
 		return err
 	}
 	defer release()
-	return writeLayer(ctx, w, base, upper, state)
+	return writeLayer(ctx, w, base, upper, state, s.opts.ids)
+}
+
+// hidingOnly drops the whiteouts of state that hide nothing of the lower layers (a folded
+// layer's file the sandbox deleted): in a tar they would be added as character devices.
+func hidingOnly(state map[string]*Entry, lowers []string) (map[string]*Entry, error) {
+	v, err := newView(map[string]*Entry{}, lowers)
+	if err != nil {
+		return nil, err
+	}
+	defer v.close()
+	out := make(map[string]*Entry, len(state))
+	for p, e := range state {
+		if e.Kind == KindWhiteout {
+			below, err := v.lookup(p)
+			if err != nil {
+				return nil, err
+			}
+			if below == nil {
+				continue
+			}
+		}
+		out[p] = e
+	}
+	return out, nil
 }
 
 // materialize writes an upper state into an empty directory in overlay format.
@@ -103,8 +136,10 @@ func lowerBase(tmp string, lowers []string) (string, func(), error) {
 	return dir, func() { _ = unix.Unmount(dir, unix.MNT_DETACH) }, nil
 }
 
-// writeLayer streams the tar of upper (over base) to w, adding xattrs from state.
-func writeLayer(ctx context.Context, w io.Writer, base, upper string, state map[string]*Entry) error {
+// writeLayer streams the tar of upper (over base) to w, adding xattrs from state. The owners
+// are written as the sandbox sees them: a sandbox in a user namespace (ids, WithLowerIDs)
+// has host ids in its upper dir, which are moved back by ids.host (see sandboxView).
+func writeLayer(ctx context.Context, w io.Writer, base, upper string, state map[string]*Entry, ids idShift) error {
 	pr, pw := io.Pipe()
 	go func() {
 		cw := archive.NewChangeWriter(pw, upper)
@@ -114,14 +149,14 @@ func writeLayer(ctx context.Context, w io.Writer, base, upper string, state map[
 		}
 		pw.CloseWithError(err)
 	}()
-	err := addXattrs(pr, w, state)
+	err := addXattrs(pr, w, state, ids)
 	pr.CloseWithError(err)
 	return err
 }
 
 // addXattrs copies a tar stream, recording each entry's kept xattrs as PAX records (the
 // change writer only carries security.capability).
-func addXattrs(r io.Reader, w io.Writer, state map[string]*Entry) error {
+func addXattrs(r io.Reader, w io.Writer, state map[string]*Entry, ids idShift) error {
 	bw := bufio.NewWriterSize(w, 256<<10)
 	tr, tw := tar.NewReader(r), tar.NewWriter(bw)
 	for {
@@ -135,6 +170,7 @@ func addXattrs(r io.Reader, w io.Writer, state map[string]*Entry) error {
 		if e := state[strings.TrimSuffix(hdr.Name, "/")]; e != nil {
 			amendHeader(hdr, e)
 		}
+		sandboxView(hdr, ids)
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
@@ -172,10 +208,45 @@ func amendHeader(hdr *tar.Header, e *Entry) {
 	}
 }
 
+// overflowID is the id the kernel shows for an id a user namespace does not map.
+const overflowID = 65534
+
+// sandboxView moves an entry's owners from host ids into the ids the sandbox sees (ids.host
+// is its 0); an owner outside the sandbox's range becomes overflowID, as the sandbox sees
+// it. A file capability (security.capability) is dropped: a namespaced one names the host
+// id of its user namespace's root, which means nothing in another range.
+func sandboxView(hdr *tar.Header, ids idShift) {
+	if ids.size == 0 {
+		return
+	}
+	hdr.Uid, hdr.Gid = ids.toSandbox(hdr.Uid), ids.toSandbox(hdr.Gid)
+	hdr.Uname, hdr.Gname = "", ""
+	delete(hdr.PAXRecords, "SCHILY.xattr.security.capability")
+}
+
+func (s idShift) toSandbox(id int) int {
+	if id >= int(s.host) && id < int(s.host)+int(s.size) {
+		return id - int(s.host)
+	}
+	return overflowID
+}
+
 // ImportOption configures Import.
 type ImportOption func(*importOptions)
 
-type importOptions struct{ overlay bool }
+type importOptions struct {
+	overlay bool
+	ids     idShift
+}
+
+// WithIDShift makes Import write a tar holding the ids a sandbox sees (as Export writes it
+// for a sandbox in a user namespace) into the upper dir of a sandbox whose user namespace maps
+// ids 0..size-1 onto host ids host..: each owner is moved up by host. An owner the range does
+// not hold is refused (ErrInvalidArgument) before anything is written for it, and so are file
+// capabilities (they would name the wrong namespace root).
+func WithIDShift(host, size uint32) ImportOption {
+	return func(o *importOptions) { o.ids = idShift{host, size} }
+}
 
 // WithOverlayWhiteouts makes Import write deletions in overlayfs's format (0/0 character
 // devices and trusted.overlay.opaque=y), for an upper dir; without it, deletions are applied
@@ -198,6 +269,9 @@ func Import(ctx context.Context, r io.Reader, dir string, opts ...ImportOption) 
 	if o.overlay {
 		aopts = append(aopts, archive.WithConvertWhiteout(archive.OverlayConvertWhiteout))
 	}
+	if o.ids.size > 0 {
+		aopts = append(aopts, archive.WithFilter(o.ids.toHost))
+	}
 	if _, err := archive.Apply(ctx, dir, r, aopts...); err != nil {
 		return fmt.Errorf("import layer into %s: %w", dir, err)
 	}
@@ -218,4 +292,19 @@ func checkNotMountedUpper(dir string) error {
 		return fmt.Errorf("%s is the upper dir of a mounted overlay: %w", dir, errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// toHost is Import's header filter for WithIDShift. containerd's Apply extracts with the
+// header its filter was given, so the owners moved here are the ones written.
+func (s idShift) toHost(hdr *tar.Header) (bool, error) {
+	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid >= int(s.size) || hdr.Gid >= int(s.size) {
+		return false, fmt.Errorf("%s: owner %d:%d is outside the sandbox's %d ids: %w", hdr.Name, hdr.Uid, hdr.Gid, s.size, errdefs.ErrInvalidArgument)
+	}
+	if _, ok := hdr.PAXRecords["SCHILY.xattr.security.capability"]; ok {
+		return false, fmt.Errorf("%s: a file capability cannot be moved into a user namespace: %w", hdr.Name, errdefs.ErrInvalidArgument)
+	}
+	hdr.Uid += int(s.host)
+	hdr.Gid += int(s.host)
+	hdr.Uname, hdr.Gname = "", ""
+	return true, nil
 }

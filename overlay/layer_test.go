@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -131,4 +132,68 @@ func dropTrusted(x string) string {
 		}
 	}
 	return strings.Join(keep, ",")
+}
+
+// TestImportMovesIDs: a tar holding the ids a sandbox sees is written into a user-namespaced
+// sandbox's range (owners moved up by its host id), and an owner outside the range or a file
+// capability is refused; Export's side turns host ids back into the sandbox's.
+func TestImportMovesIDs(t *testing.T) {
+	const host, size = 1<<29 + 9*65536, 65536
+	layer := func(hdrs ...*tar.Header) *bytes.Reader {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, h := range hdrs {
+			if h.Mode == 0 {
+				h.Mode = 0o644
+			}
+			must(t, tw.WriteHeader(h))
+		}
+		must(t, tw.Close())
+		return bytes.NewReader(buf.Bytes())
+	}
+	dir := t.TempDir()
+	must(t, Import(t.Context(), layer(
+		&tar.Header{Name: "home/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "home/u", Typeflag: tar.TypeReg, Uid: 1000, Gid: 1000},
+		&tar.Header{Name: "rootfile", Typeflag: tar.TypeReg},
+	), dir, WithIDShift(host, size)))
+	for name, want := range map[string]uint32{"home": host, "home/u": host + 1000, "rootfile": host} {
+		var st unix.Stat_t
+		must(t, unix.Lstat(filepath.Join(dir, name), &st))
+		if st.Uid != want || st.Gid != want {
+			t.Errorf("%s owned by %d:%d, want %d", name, st.Uid, st.Gid, want)
+		}
+	}
+	for what, h := range map[string]*tar.Header{
+		"an owner past the range": {Name: "big", Typeflag: tar.TypeReg, Uid: size},
+		"a group past the range":  {Name: "biggid", Typeflag: tar.TypeReg, Gid: size + 5},
+		"a file capability": {Name: "capped", Typeflag: tar.TypeReg, Format: tar.FormatPAX,
+			PAXRecords: map[string]string{"SCHILY.xattr.security.capability": "\x01\x00\x00\x02"}},
+	} {
+		err := Import(t.Context(), layer(h), dir, WithIDShift(host, size))
+		if !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s: %v, want invalid argument", what, err)
+		}
+		if _, serr := os.Lstat(filepath.Join(dir, h.Name)); serr == nil {
+			t.Errorf("%s: %s was written", what, h.Name)
+		}
+	}
+
+	ids := idShift{host, size}
+	h := &tar.Header{Uid: host + 7, Gid: host, Uname: "x", Format: tar.FormatPAX,
+		PAXRecords: map[string]string{"SCHILY.xattr.security.capability": "c", "SCHILY.xattr.user.k": "v"}}
+	sandboxView(h, ids)
+	if h.Uid != 7 || h.Gid != 0 || h.Uname != "" || h.PAXRecords["SCHILY.xattr.security.capability"] != "" || h.PAXRecords["SCHILY.xattr.user.k"] != "v" {
+		t.Errorf("sandbox view of a header: %+v", h)
+	}
+	h = &tar.Header{Uid: 0, Gid: host + size}
+	sandboxView(h, ids)
+	if h.Uid != overflowID || h.Gid != overflowID {
+		t.Errorf("host ids outside the range: %d:%d, want %d", h.Uid, h.Gid, overflowID)
+	}
+	h = &tar.Header{Uid: 5, Gid: 6}
+	sandboxView(h, idShift{})
+	if h.Uid != 5 || h.Gid != 6 {
+		t.Errorf("no user namespace: %d:%d moved", h.Uid, h.Gid)
+	}
 }

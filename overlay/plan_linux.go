@@ -227,7 +227,7 @@ func (pl *plan) prepare(s *Store, v *view) error {
 // openSource opens where a file's content at the target lives.
 func openSource(s *Store, v *view, e *Entry) (source, error) {
 	if e.lower != "" {
-		for i, l := range v.layers {
+		for i, l := range viewLayers(v) {
 			if l == e.lower {
 				fd, err := openBeneath(v.fds[i], e.Path, unix.O_RDONLY|unix.O_NOFOLLOW)
 				if err != nil {
@@ -236,7 +236,7 @@ func openSource(s *Store, v *view, e *Entry) (source, error) {
 				return source{fd: fd, owned: true}, nil
 			}
 		}
-		return source{}, fmt.Errorf("lower layer of %q: %w", e.Path, errdefs.ErrNotFound)
+		return s.openFolded(e) // the folded layer (WithFoldedLower), not one of v's
 	}
 	f := s.packs[e.ckpt]
 	if f == nil {
@@ -246,6 +246,14 @@ func openSource(s *Store, v *view, e *Entry) (source, error) {
 		return source{}, err
 	}
 	return source{fd: int(f.Fd()), off: e.Off}, nil
+}
+
+// viewLayers returns v's lower layers (none for a nil view).
+func viewLayers(v *view) []string {
+	if v == nil {
+		return nil
+	}
+	return v.layers
 }
 
 // checkExtent verifies that a content extent lies inside its pack.

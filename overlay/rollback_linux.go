@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sort"
@@ -244,9 +245,11 @@ func (s *Store) writeRollback(rec *rollbackRecord) error {
 	return nil
 }
 
-// PersistRollback writes the record of a Deferred rollback (nothing when there is none).
-// Once it returns, a crash leaves the rollback's target the head. A failure keeps the
-// record in memory; the call can be retried.
+// PersistRollback makes the record of a Deferred rollback durable: it writes it (temp file,
+// fdatasync, rename, directory fsync), or, when WriteRollback already put it in place,
+// syncs it (nothing when there is none). Once it returns, a crash (power loss included)
+// leaves the rollback's target the head. A failure keeps the record in memory; the call
+// can be retried.
 func (s *Store) PersistRollback() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -256,6 +259,12 @@ func (s *Store) PersistRollback() error {
 
 // persistRollback is PersistRollback with s.mu held.
 func (s *Store) persistRollback() error {
+	if s.unsynced {
+		if err := s.syncRollback(); err != nil {
+			return err
+		}
+		s.unsynced = false
+	}
 	if !s.unwritten || s.pending == nil {
 		return nil
 	}
@@ -263,6 +272,68 @@ func (s *Store) persistRollback() error {
 		return err
 	}
 	s.unwritten = false
+	return nil
+}
+
+// WriteRollback puts the record of a Deferred rollback in place without syncing it (temp
+// file, rename): the page cache holds it, so a killed process (not the machine) finds the
+// target as the head at the next open. PersistRollback (or the next Capture, Delete or
+// Rollback) then makes it durable. A power loss before that may find the old record, or,
+// where the file system orders the rename before the data, none that decodes, which open
+// ignores (loadRollback): the caller's intent, durable before the rollback began, must
+// then redo the rollback.
+func (s *Store) WriteRollback() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.prepareTemp()
+	if !s.unwritten || s.pending == nil {
+		return nil
+	}
+	data, err := json.Marshal(s.pending)
+	if err != nil {
+		return err
+	}
+	f, err := s.tempFile()
+	if err != nil {
+		return fmt.Errorf("record rollback: %w", err)
+	}
+	if err := writeFileRenamed(f, filepath.Join(s.dir, rollbackFile), data, false); err != nil {
+		return fmt.Errorf("record rollback: %w", err)
+	}
+	s.unwritten, s.unsynced = false, s.opts.sync
+	return nil
+}
+
+// SyncRollback makes the rollback record found on disk durable (fdatasync, directory
+// fsync): after a restart, for a record an earlier process wrote with WriteRollback.
+func (s *Store) SyncRollback() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.syncRollback(); err != nil {
+		return err
+	}
+	s.unsynced = false
+	return nil
+}
+
+// syncRollback syncs the record file, if any, and the store's directory.
+func (s *Store) syncRollback() error {
+	if !s.opts.sync {
+		return nil
+	}
+	fd, err := unix.Open(filepath.Join(s.dir, rollbackFile), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		err = unix.Fdatasync(fd)
+		unix.Close(fd)
+	} else if errors.Is(err, unix.ENOENT) {
+		err = nil // absorbed by a capture since: its manifest is durable
+	}
+	if err == nil {
+		err = syncDir(s.dir)
+	}
+	if err != nil {
+		return fmt.Errorf("sync rollback record: %w", err)
+	}
 	return nil
 }
 

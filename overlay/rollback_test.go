@@ -187,3 +187,46 @@ func TestDeferredRollbackRecord(t *testing.T) {
 		t.Fatalf("parent of c2 = %q, %v; want c1", p, err)
 	}
 }
+
+// TestWriteRollbackUnsynced: a Deferred rollback's record put in place by WriteRollback
+// (no sync) makes the target the head for a process that opens the store after a kill
+// (the page cache holds it); PersistRollback then only syncs it. A record cut by a power
+// loss (its data lost, the rename kept) is ignored at open: the last capture is the head.
+func TestWriteRollbackUnsynced(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	want := walkTree(t, f.merged)
+	putFile(t, f.m("data/a.txt"), "one")
+	f.capture(t, "c1", L1)
+	_, err := f.s.Rollback(t.Context(), RollbackRequest{Merged: f.merged, Upper: f.upper, Lower: []string{f.lower},
+		Target: "c0", Meta: []byte(`{"to":"c0"}`), Deferred: true})
+	must(t, err)
+	must(t, f.s.WriteRollback())
+	if !f.s.unsynced || f.s.unwritten {
+		t.Fatalf("after WriteRollback: unsynced %v unwritten %v", f.s.unsynced, f.s.unwritten)
+	}
+	f.reopen(t) // killed before the sync
+	if f.s.Head() != "c0" || string(f.s.HeadMeta()) != `{"to":"c0"}` {
+		t.Fatalf("after a kill between WriteRollback and its sync: head %s meta %s, want c0", f.s.Head(), f.s.HeadMeta())
+	}
+	must(t, f.s.SyncRollback())
+	assertTree(t, want, walkTree(t, f.merged), true)
+	_, err = f.s.Rollback(t.Context(), RollbackRequest{Merged: f.merged, Upper: f.upper, Lower: []string{f.lower},
+		Target: "c1", Deferred: true})
+	must(t, err)
+	must(t, f.s.WriteRollback())
+	must(t, f.s.PersistRollback())
+	if f.s.unsynced || f.s.unwritten {
+		t.Fatalf("after PersistRollback: unsynced %v unwritten %v", f.s.unsynced, f.s.unwritten)
+	}
+	_, err = f.s.Rollback(t.Context(), RollbackRequest{Merged: f.merged, Upper: f.upper, Lower: []string{f.lower},
+		Target: "c0", Deferred: true})
+	must(t, err)
+	must(t, f.s.WriteRollback())
+	// a power loss kept the rename, not the data
+	must(t, os.WriteFile(filepath.Join(f.storeDir, rollbackFile), nil, 0o600))
+	f.reopen(t)
+	if f.s.Head() != "c1" || f.s.HeadMeta() != nil {
+		t.Fatalf("after a cut record: head %s meta %s, want the last capture c1", f.s.Head(), f.s.HeadMeta())
+	}
+}

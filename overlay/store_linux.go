@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -42,10 +43,13 @@ type Store struct {
 	pending *rollbackRecord     // rollback not yet absorbed by a capture
 	// unwritten: pending is a Deferred rollback's record, not yet on disk (PersistRollback).
 	unwritten bool
-	trk       *tracker       // change tracker of the upper dir (nil until the first scan)
-	spare     chan *os.File  // an empty temp file made in the background (see tempFile)
-	bg        sync.WaitGroup // background temp file creation
-	damaged   []Damage       // checkpoints set aside as damaged (see setAside)
+	// unsynced: the record was put in place by WriteRollback and is not yet durable.
+	unsynced bool
+	trk      *tracker       // change tracker of the upper dir (nil until the first scan)
+	spare    chan *os.File  // an empty temp file made in the background (see tempFile)
+	bg       sync.WaitGroup // background temp file creation
+	damaged  []Damage       // checkpoints set aside as damaged (see setAside)
+	fold     *folded        // the folded lower layer, once read (WithFoldedLower)
 }
 
 // Option configures a Store.
@@ -57,6 +61,7 @@ type options struct {
 	reflink bool
 	track   bool
 	ids     idShift
+	fold    string // WithFoldedLower
 }
 
 // WithScanWorkers sets how many goroutines stat the upper dir in parallel (default 2).
@@ -122,6 +127,7 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.dropSpare()
+	s.closeFold()
 	if s.trk != nil {
 		s.trk.close()
 		s.trk = nil
@@ -334,8 +340,13 @@ func (s *Store) loadRollback() error {
 		return err
 	}
 	var rec rollbackRecord
-	if err := json.Unmarshal(data, &rec); err != nil {
-		return fmt.Errorf("decode %s: %w", rollbackFile, err)
+	if err := json.Unmarshal(data, &rec); err != nil || rec.Target == "" {
+		// Renamed into place but its data lost by a power loss before its sync
+		// (WriteRollback): the caller's intent redoes that rollback. Every other record was
+		// synced before its rename.
+		slog.Warn("layer store: rollback record unreadable (cut by a power loss before its sync); the last capture is the head",
+			"dir", s.dir, "error", err)
+		return os.Remove(filepath.Join(s.dir, rollbackFile))
 	}
 	for _, m := range s.chain {
 		if m.Rollback == rec.Nonce {

@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -184,10 +185,18 @@ func mapValue(m *yaml.Node, key string) *yaml.Node {
 	return nil
 }
 
+// The patterns of this package are compiled on first use, not at start-up: the CLI links
+// the package and runs its initialisers at every call (issue 19).
 var (
-	unknownFieldRE = regexp.MustCompile(`^line (\d+): field (\S+) not found in type pipeline\.(\w+)$`)
-	lineRE         = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+	unknownFieldRE = lazyRE(`^line (\d+): field (\S+) not found in type pipeline\.(\w+)$`)
+	lineRE         = lazyRE(`^(?:yaml: )?line (\d+): (.*)$`)
 )
+
+// lazyRE returns a function that compiles expr on its first call and returns the same
+// regexp from then on.
+func lazyRE(expr string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(expr) })
+}
 
 // fileError rewrites decoder and validation errors as "SOURCE:LINE: message".
 func fileError(source string, err error) error {
@@ -207,7 +216,7 @@ func fileError(source string, err error) error {
 }
 
 func rewriteTypeError(source, e string) string {
-	if m := unknownFieldRE.FindStringSubmatch(e); m != nil {
+	if m := unknownFieldRE().FindStringSubmatch(e); m != nil {
 		where, known := "the pipeline", knownFields(reflect.TypeFor[Pipeline]())
 		switch m[3] {
 		case "Step":
@@ -217,7 +226,7 @@ func rewriteTypeError(source, e string) string {
 		}
 		return fmt.Sprintf("%s:%s: unknown field %q in %s (known: %s)", source, m[1], m[2], where, known)
 	}
-	if m := lineRE.FindStringSubmatch(e); m != nil {
+	if m := lineRE().FindStringSubmatch(e); m != nil {
 		return fmt.Sprintf("%s:%s: %s", source, m[1], m[2])
 	}
 	return source + ": " + e

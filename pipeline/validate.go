@@ -2,13 +2,12 @@ package pipeline
 
 import (
 	"fmt"
-	"regexp"
 	"strconv"
 
 	"gopkg.in/yaml.v3"
 )
 
-var stepNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+var stepNameRE = lazyRE(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // validate checks the whole pipeline, naming the line of the first problem.
 func (p *Pipeline) validate(doc *yaml.Node) error {
@@ -58,7 +57,7 @@ func checkCommit(c string, line int) error {
 
 // validate checks one step and compiles its templates.
 func (s *Step) validate(p *Pipeline) error {
-	if !stepNameRE.MatchString(s.Name) {
+	if !stepNameRE().MatchString(s.Name) {
 		return lineErrorf(s.Line, "step name %q: want letters, digits, '.', '_' or '-' (at most 64)", s.Name)
 	}
 	switch {
@@ -151,14 +150,14 @@ const (
 	FailoverNone = "none" // no failover point (a step: not even the pipeline's every-N one)
 )
 
-var failoverRE = regexp.MustCompile(`^l3 every (?:step|([1-9][0-9]{0,3}) steps?)$`)
+var failoverRE = lazyRE(`^l3 every (?:step|([1-9][0-9]{0,3}) steps?)$`)
 
 // parseFailover reads the pipeline's `failover: l3 every N steps`.
 func (p *Pipeline) parseFailover(line int) error {
 	if p.Failover == "" || p.Failover == FailoverNone {
 		return nil
 	}
-	m := failoverRE.FindStringSubmatch(p.Failover)
+	m := failoverRE().FindStringSubmatch(p.Failover)
 	if m == nil {
 		return lineErrorf(line, "failover %q: want \"l3 every N steps\", \"l3 every step\" or none", p.Failover)
 	}

@@ -26,6 +26,12 @@ type ExecRequest struct {
 	// Via picks the exec path: "" (the init, falling back to containerd's task exec when the
 	// init does not answer), "init" or "containerd".
 	Via string
+	// Detach names a detached exec (initproto.ExecRequest.Detach): the command survives the
+	// caller going away (a daemon restart) and Attach follows it again. Init only.
+	Detach string
+	// Started, when set, gets the command's pid in the sandbox once it runs (init only; Exec
+	// and ExecTTY).
+	Started func(pid int)
 }
 
 // Exec runs a command in a leased sandbox through its init, streaming output.
@@ -40,7 +46,10 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdin io
 	start := time.Now()
 	r := initproto.ExecRequest{
 		Argv: req.Argv, Env: mergeEnv(sb.Env, req.Env), Workdir: req.Workdir, User: req.User,
-		Stdin: stdin != nil, Timeout: req.Timeout, OutputCap: req.OutputCap, Tag: req.Tag,
+		Stdin: stdin != nil, Timeout: req.Timeout, OutputCap: req.OutputCap, Tag: req.Tag, Detach: req.Detach,
+	}
+	if req.Detach != "" && req.Via == "containerd" {
+		return initproto.ExitStatus{}, fmt.Errorf("a detached exec runs through the init, not containerd: %w", errdefs.ErrInvalidArgument)
 	}
 	if r.Workdir == "" {
 		r.Workdir = sb.Workdir
@@ -50,8 +59,8 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdin io
 	case "containerd":
 		st, err = m.rt.execTask(ctx, sb.Container, r, stdin, stdout, stderr)
 	case "", "init":
-		st, err = sb.initc.Exec(ctx, r, stdin, stdout, stderr)
-		if errors.Is(err, initproto.ErrNotListening) && req.Via == "" {
+		st, err = sb.initc.ExecNotify(ctx, r, req.Started, stdin, stdout, stderr)
+		if errors.Is(err, initproto.ErrNotListening) && req.Via == "" && req.Detach == "" {
 			log.L(ctx).Warn("sandbox init does not answer; exec through containerd", "sandbox", id, "error", err)
 			st, err = m.rt.execTask(ctx, sb.Container, r, stdin, stdout, stderr)
 		}
@@ -60,6 +69,19 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest, stdin io
 	}
 	m.metrics.observeExec(time.Since(start))
 	return st, err
+}
+
+// Attach follows a leased sandbox's detached exec again (see ExecRequest.Detach) from the
+// stdout and stderr offsets in from, to its exit status.
+func (m *Manager) Attach(ctx context.Context, id, key string, from [2]int64, stdout, stderr io.Writer) (initproto.ExitStatus, error) {
+	sb, err := m.Get(id)
+	if err != nil {
+		return initproto.ExitStatus{}, err
+	}
+	if err := sb.Usable(); err != nil {
+		return initproto.ExitStatus{}, err
+	}
+	return sb.initc.Attach(ctx, key, from, stdout, stderr)
 }
 
 // mergeEnv returns base with over's entries replacing those of the same key.
@@ -79,4 +101,32 @@ func mergeEnv(base, over []string) []string {
 		}
 	}
 	return append(out, over...)
+}
+
+// ExecTTY runs a command on a new terminal in a leased sandbox, through its init (the
+// containerd exec path has no terminal here): what the terminal shows goes to out, input
+// (typed bytes and window sizes) comes from input until it is closed; see
+// initproto.Client.ExecTTY. size is the initial window size (zero: 24x80).
+func (m *Manager) ExecTTY(ctx context.Context, id string, req ExecRequest, size initproto.WinSize, input <-chan initproto.TTYInput, out io.Writer) (initproto.ExitStatus, error) {
+	if req.Via != "" && req.Via != "init" {
+		return initproto.ExitStatus{}, fmt.Errorf("exec on a terminal via %q: only the sandbox init hosts terminals: %w", req.Via, errdefs.ErrInvalidArgument)
+	}
+	sb, err := m.Get(id)
+	if err != nil {
+		return initproto.ExitStatus{}, err
+	}
+	if err := sb.Usable(); err != nil {
+		return initproto.ExitStatus{}, err
+	}
+	start := time.Now()
+	r := initproto.ExecRequest{
+		Argv: req.Argv, Env: mergeEnv(sb.Env, req.Env), Workdir: req.Workdir, User: req.User,
+		Timeout: req.Timeout, OutputCap: req.OutputCap, Tag: req.Tag, TTY: &size,
+	}
+	if r.Workdir == "" {
+		r.Workdir = sb.Workdir
+	}
+	st, err := sb.initc.ExecTTYNotify(ctx, r, req.Started, input, out)
+	m.metrics.observeExec(time.Since(start))
+	return st, err
 }

@@ -123,3 +123,17 @@ func (m *Manager) KillTag(ctx context.Context, id, tag string) (int, error) {
 	resp, err := sb.initc.Kill(ctx, initproto.KillRequest{Tag: tag})
 	return len(resp.Killed), err
 }
+
+// SignalTag sends sig ("SIGTERM", "SIGINT", ...; "SIGKILL" is KillTag) once to the processes
+// of a leased sandbox's execs tagged tag and their descendants, without waiting for them.
+func (m *Manager) SignalTag(ctx context.Context, id, tag, sig string) (int, error) {
+	sb, err := m.Get(id)
+	if err != nil {
+		return 0, err
+	}
+	if err := sb.Usable(); err != nil {
+		return 0, err
+	}
+	resp, err := sb.initc.Kill(ctx, initproto.KillRequest{Tag: tag, Signal: sig})
+	return len(resp.Killed), err
+}

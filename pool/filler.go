@@ -11,6 +11,18 @@ import (
 // fillInterval is how often a filler re-checks its pool without being poked.
 const fillInterval = 2 * time.Second
 
+// A warm lease is answered in ~2 ms, but the create that refills its slot costs the host
+// 100+ ms of CPU (containerd, runc, the shim, the init, the disk) and slows whatever runs
+// next on a small host: the caller's next step (a `deltabox exec` or `lease` process
+// starting, the next lease of a batch; issue 19, docs/benchmarks.md). So while the pool still
+// has a ready sandbox, the filler waits until no warm lease came for refillQuiet, and at most
+// refillMaxDefer, before it creates; an empty pool is refilled at once (its next lease would
+// be cold).
+const (
+	refillQuiet    = 25 * time.Millisecond
+	refillMaxDefer = 250 * time.Millisecond
+)
+
 func (m *Manager) startFiller(p *pool) {
 	m.wg.Add(1)
 	go func() {
@@ -29,7 +41,7 @@ func (m *Manager) fill(p *pool) {
 		m.mu.Lock()
 		failures := p.failures
 		m.mu.Unlock()
-		if !waitBackoff(ctx, p, failures) {
+		if !waitBackoff(ctx, p, failures) || !m.waitQuiet(ctx, p) {
 			return
 		}
 		for range m.reserve(p) {
@@ -43,6 +55,34 @@ func (m *Manager) fill(p *pool) {
 			return
 		case <-ctx.Done():
 			return
+		}
+	}
+}
+
+// waitQuiet returns once p has had no warm lease for refillQuiet, it has no ready sandbox
+// left, or refillMaxDefer has passed (see refillQuiet); false when the pool or the manager
+// stops first.
+func (m *Manager) waitQuiet(ctx context.Context, p *pool) bool {
+	deadline := time.Now().Add(refillMaxDefer)
+	for {
+		m.mu.Lock()
+		wait := min(time.Until(p.lastLease.Add(refillQuiet)), time.Until(deadline))
+		empty := len(p.ready) == 0
+		m.mu.Unlock()
+		if wait <= 0 || empty {
+			return true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-p.kick: // another lease (or a release): look again
+			t.Stop()
+		case <-p.stop:
+			t.Stop()
+			return false
+		case <-ctx.Done():
+			t.Stop()
+			return false
 		}
 	}
 }
@@ -85,11 +125,12 @@ func (m *Manager) fillOne(ctx context.Context, p *pool) {
 
 // create makes, starts and records one sandbox of p, bounded by the create semaphore.
 func (m *Manager) create(ctx context.Context, p *pool) (*sandbox, error) {
-	return m.createWith(ctx, p, nil)
+	return m.createWith(ctx, p, nil, "")
 }
 
-// createWith is create with a custom task start (a restore); nil starts a fresh init.
-func (m *Manager) createWith(ctx context.Context, p *pool, restore RestoreFunc) (*sandbox, error) {
+// createWith is create with a custom task start (a restore; nil starts a fresh init) and
+// optionally a shared fork layer above the image.
+func (m *Manager) createWith(ctx context.Context, p *pool, restore RestoreFunc, forkLower string) (*sandbox, error) {
 	select {
 	case m.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -99,7 +140,7 @@ func (m *Manager) createWith(ctx context.Context, p *pool, restore RestoreFunc) 
 	start := time.Now()
 	t := p.t
 	cid := newID("dbx-")
-	inst, err := m.rt.create(ctx, &t, cid, restore)
+	inst, err := m.rt.create(ctx, &t, cid, restore, forkLower)
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,10 @@ type LeaseRequest struct {
 	EgressPolicy string // overrides the template's (YAML); validated by the caller
 	RestoredFrom string // the snapshot a restored sandbox came from (recorded, shown)
 	ForkedFrom   string // the sandbox and checkpoint a fork came from (recorded, shown)
+	// SharedLower, a layer of NewForkLower (held), makes the sandbox a new container whose
+	// root filesystem stacks that layer above the image's with an empty upper dir of its own
+	// (forklower.go). It is destroyed on release, never reused.
+	SharedLower string
 }
 
 // Sandbox is the public view of a leased sandbox.
@@ -126,31 +130,22 @@ func (m *Manager) lease(ctx context.Context, poolName string, req LeaseRequest, 
 	if err := ValidateEnv(req.Env); err != nil {
 		return LeaseResult{}, err
 	}
-	sb, p, cold, err := m.take(poolName, restore != nil)
+	if req.SharedLower != "" {
+		if !m.forkLowerHeld(req.SharedLower) {
+			return LeaseResult{}, fmt.Errorf("shared layer %s is not a held fork layer: %w", req.SharedLower, errdefs.ErrInvalidArgument)
+		}
+	}
+	sb, p, cold, err := m.take(poolName, restore != nil || req.SharedLower != "")
 	if err != nil {
 		return LeaseResult{}, err
 	}
 	p.poke()
 	if cold {
-		if sb, err = m.createCold(ctx, p, restore); err != nil {
+		if sb, err = m.createCold(ctx, p, restore, req.SharedLower); err != nil {
 			return LeaseResult{}, err
 		}
 	}
-	lease := &Lease{ID: newID("sb-"), Env: req.Env, Labels: maps.Clone(req.Labels), LeasedAt: time.Now().UTC(),
-		EgressPolicy: req.EgressPolicy, RestoredFrom: req.RestoredFrom, ForkedFrom: req.ForkedFrom}
-	rec := sb.rec
-	rec.Lease = lease
-	if err := m.st.put(bucketContainers, rec.CID, rec); err != nil {
-		m.giveBack(p, sb)
-		return LeaseResult{}, fmt.Errorf("record lease: %w", err)
-	}
-	m.mu.Lock()
-	sb.rec = rec
-	m.leased[lease.ID] = sb
-	m.mu.Unlock()
-	m.metrics.observeLease(poolName, cold, time.Since(start))
-	log.L(ctx).Info("sandbox leased", "sandbox", lease.ID, "pool", poolName, "container", rec.CID, "cold", cold)
-	return LeaseResult{Sandbox: m.view(p, sb), Cold: cold}, nil
+	return m.recordLease(ctx, p, sb, req, cold, start)
 }
 
 // take pops a ready sandbox of poolName, or reserves a slot for a cold create (sb == nil),
@@ -167,6 +162,7 @@ func (m *Manager) take(poolName string, fresh bool) (*sandbox, *pool, bool, erro
 		p.ready[0] = nil
 		p.ready = p.ready[1:]
 		p.leased++
+		p.lastLease = time.Now()
 		return sb, p, false, nil
 	}
 	if p.total() >= p.t.Max {
@@ -176,8 +172,8 @@ func (m *Manager) take(poolName string, fresh bool) (*sandbox, *pool, bool, erro
 	return nil, p, true, nil
 }
 
-func (m *Manager) createCold(ctx context.Context, p *pool, restore RestoreFunc) (*sandbox, error) {
-	sb, err := m.createWith(ctx, p, restore)
+func (m *Manager) createCold(ctx context.Context, p *pool, restore RestoreFunc, forkLower string) (*sandbox, error) {
+	sb, err := m.createWith(ctx, p, restore, forkLower)
 	if err != nil {
 		m.mu.Lock()
 		p.leased--
@@ -215,7 +211,7 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 
 // recycle puts a released sandbox back as ready when it can be reset, else destroys it.
 func (m *Manager) recycle(ctx context.Context, p *pool, sb *sandbox, view Sandbox) bool {
-	reusable := m.opts.Reset != nil && view.Usable() == nil && m.resetSandbox(ctx, sb, view) == nil
+	reusable := m.opts.Reset != nil && sb.inst.layout.Folded == "" && view.Usable() == nil && m.resetSandbox(ctx, sb, view) == nil
 	m.mu.Lock()
 	p.leased--
 	if reusable && m.pools[p.t.Name] == p && len(p.ready)+p.creating < p.t.MinReady {

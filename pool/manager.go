@@ -44,6 +44,13 @@ type Options struct {
 	Claims func(ctx context.Context) map[string]Claim
 	// Defaults are the limits of sandboxes whose template leaves one unset (zero: unlimited).
 	Defaults Limits
+	// IDRegistry is the host-wide directory where every daemon of the host records the user
+	// namespace id ranges it hands out (default DefaultIDRegistry): daemons with different
+	// state roots on one host then never hand out the same range.
+	IDRegistry string
+	// ForkLowerMemory bounds the tmpfs that holds shared fork layers in memory
+	// (forklower.go; default DefaultForkLowerMemory; negative: fork layers on disk only).
+	ForkLowerMemory int64
 }
 
 func (o *Options) setDefaults() {
@@ -55,6 +62,12 @@ func (o *Options) setDefaults() {
 	}
 	if o.CreateConcurrency <= 0 {
 		o.CreateConcurrency = 4
+	}
+	if o.IDRegistry == "" {
+		o.IDRegistry = DefaultIDRegistry
+	}
+	if o.ForkLowerMemory == 0 {
+		o.ForkLowerMemory = DefaultForkLowerMemory
 	}
 }
 
@@ -72,6 +85,9 @@ type Manager struct {
 	// quarantine holds the sandboxes whose record could not be trusted at start, by ID.
 	quarantine map[string]*Quarantined
 	closing    bool
+	// flMu guards the fork layers' list and holds (forklower.go).
+	flMu   sync.Mutex
+	flPins map[string]int
 
 	ctx    context.Context // cancelled by Close; parent of the fillers
 	cancel context.CancelFunc
@@ -87,6 +103,8 @@ type pool struct {
 	kick     chan struct{}
 	stop     chan struct{}
 	failures int // consecutive create failures, for backoff
+	// lastLease is when a ready sandbox was last taken, for the filler's quiet period.
+	lastLease time.Time
 }
 
 func (p *pool) total() int { return len(p.ready) + p.creating + p.leased }
@@ -95,6 +113,9 @@ func (p *pool) total() int { return len(p.ready) + p.creating + p.leased }
 type sandbox struct {
 	rec  record
 	inst *instance
+	// noReroot marks a ready sandbox found unfit to be moved onto a fork layer
+	// (rerootable); it is never tried again.
+	noReroot bool
 }
 
 // NewManager opens the pool database, reconciles it with containerd's containers and starts
@@ -110,8 +131,15 @@ func NewManager(ctx context.Context, client *containerd.Client, opts Options) (*
 	if _, err := os.Stat(opts.InitBinary); err != nil {
 		return nil, fmt.Errorf("sandbox init binary: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Join(opts.Root, "containers"), 0o700); err != nil {
-		return nil, fmt.Errorf("create pool root: %w", err)
+	// Traversable, not listable: each sandbox's directory below is open to its own root only
+	// (allocateIDs).
+	for _, dir := range []string{opts.Root, filepath.Join(opts.Root, "containers")} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("create pool root: %w", err)
+		}
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("pool root: %w", err)
+		}
 	}
 	st, err := openStore(filepath.Join(opts.Root, "pool.db"))
 	if err != nil {
@@ -120,9 +148,10 @@ func NewManager(ctx context.Context, client *containerd.Client, opts Options) (*
 	m := &Manager{
 		opts: opts, st: st, sem: make(chan struct{}, opts.CreateConcurrency),
 		pools: map[string]*pool{}, leased: map[string]*sandbox{}, quarantine: map[string]*Quarantined{},
+		flPins: map[string]int{},
 		rt: &runtime{client: client, snapshotter: opts.Snapshotter, runtimeName: opts.Runtime,
 			initBin: opts.InitBinary, dir: filepath.Join(opts.Root, "containers"), node: opts.Node,
-			net: opts.Network, specOpts: opts.SpecOpts, defaults: opts.Defaults, ids: newIDRanges()},
+			net: opts.Network, specOpts: opts.SpecOpts, defaults: opts.Defaults, ids: newIDRanges(opts.IDRegistry)},
 	}
 	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if m.metrics, err = newMetrics(m, opts.Metrics); err != nil {
@@ -338,6 +367,7 @@ func (m *Manager) destroy(ctx context.Context, sb *sandbox) {
 	if err := m.st.delete(bucketContainers, rec.CID); err != nil {
 		log.L(ctx).Error("forget sandbox", "container", rec.CID, "error", err)
 	}
+	m.dropForkLower(ctx, sb.inst.layout.Folded) // its shared layer, if it was the last user
 }
 
 // retryDestroy retries a failed destroy with backoff until it succeeds or the manager closes.

@@ -76,6 +76,10 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		log.L(ctx).Warn("reserve the sandbox disks (a full state root may fail their writeback)", "error", err)
 	}
 	m.rt.unpinOrphanUserNS(ctx)
+	m.pruneForkLowers(ctx)
+	if err := m.rt.ids.prune(m.rt.dir); err != nil {
+		log.L(ctx).Warn("drop the user namespace ranges of vanished sandboxes from the host registry", "error", err)
+	}
 	return nil
 }
 
@@ -132,6 +136,9 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container, f found) {
 				return
 			}
 			reason = err.Error()
+		} else if rec.Lease == nil && inst.layout.Folded != "" {
+			inst.ref.Load().retire()
+			reason = "a fork on a shared layer that is not leased (never reused)"
 		}
 	}
 	if reason != "" {

@@ -57,6 +57,7 @@ type Network interface {
 	Lookup(ctx context.Context, id string) (network.Attachment, error)
 	Teardown(ctx context.Context, id string) error
 	Reconcile(ctx context.Context, keep func(id string) bool) ([]string, error)
+	Env() []string // the sandboxes' proxy environment
 }
 
 // instance is one created and started sandbox container.
@@ -76,6 +77,9 @@ type Layout struct {
 	Upper  string   // overlay upper dir (read it; never write it while mounted)
 	Lower  []string // overlay lower dirs, topmost first
 	Cgroup string   // the container's cgroupsPath, e.g. /deltabox/<cid>
+	// Folded is the shared fork layer the root filesystem stacks above the image (also
+	// Lower[0]; forklower.go): part of the sandbox's files, not of its image. "" for none.
+	Folded string
 }
 
 // layoutOf reads the overlay dirs of the container's snapshot and its cgroup path.
@@ -107,6 +111,12 @@ func (r *runtime) layoutOf(ctx context.Context, c containerd.Container) (Layout,
 	}
 	if l.Upper == "" || l.Cgroup == "" {
 		return l, fmt.Errorf("container %s has no overlay upper dir or cgroup path (snapshotter %s): %w", c.ID(), r.snapshotter, errdefs.ErrFailedPrecondition)
+	}
+	if id := info.Labels[LabelForkLower]; id != "" {
+		if l.Folded, err = forkLowerPath(l.Upper, id); err != nil {
+			return l, err
+		}
+		l.Lower = append([]string{l.Folded}, l.Lower...)
 	}
 	return l, nil
 }
@@ -146,6 +156,12 @@ func (r *runtime) image(ctx context.Context, ref string) (containerd.Image, erro
 // CRIU restore) instead of a fresh init. ioc receives the task's output.
 type RestoreFunc func(ctx context.Context, c containerd.Container, layout Layout, ioc cio.Creator) (containerd.Task, error)
 
+// StartFresh is the RestoreFunc of an ordinary start (a new task running the sandbox init),
+// for callers that do something before it.
+func StartFresh(ctx context.Context, c containerd.Container, l Layout, ioc cio.Creator) (containerd.Task, error) {
+	return freshTask(ctx, c, l, ioc)
+}
+
 // freshTask starts a new task running the sandbox init.
 func freshTask(ctx context.Context, c containerd.Container, _ Layout, ioc cio.Creator) (containerd.Task, error) {
 	task, err := c.NewTask(ctx, ioc)
@@ -160,10 +176,19 @@ func freshTask(ctx context.Context, c containerd.Container, _ Layout, ioc cio.Cr
 
 // create makes a container for t, starts its task (with start, or a fresh init when nil) and
 // waits until init answers.
-func (r *runtime) create(ctx context.Context, t *Template, cid string, start RestoreFunc) (_ *instance, retErr error) {
+// A sandbox with a shared fork layer (forkLower, a dir of NewForkLower) stacks it above the
+// image's layers.
+func (r *runtime) create(ctx context.Context, t *Template, cid string, start RestoreFunc, forkLower string) (_ *instance, retErr error) {
 	if start == nil {
 		start = freshTask
 	}
+	var sp spans
+	sp.start()
+	defer func() {
+		if retErr == nil {
+			log.L(ctx).Debug("sandbox create spans", append([]any{"container", cid}, sp.fields()...)...)
+		}
+	}()
 	img, err := r.image(ctx, t.Image)
 	if err != nil {
 		return nil, err
@@ -186,37 +211,53 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string, start Res
 	if err != nil {
 		return nil, err
 	}
+	sp.mark("image_ids_spec")
+	labels := map[string]string{LabelManaged: "true", LabelNode: r.node, LabelPool: t.Name}
+	if forkLower != "" {
+		labels[LabelForkLower] = filepath.Base(forkLower)
+	}
 	c, err := r.client.NewContainer(ctx, cid,
 		containerd.WithImage(img),
 		containerd.WithSnapshotter(r.snapshotter),
 		containerd.WithNewSnapshot(cid, img, inst.snapshotOpts()...),
 		containerd.WithRuntime(r.runtimeName, nil),
 		containerd.WithNewSpec(opts...),
-		containerd.WithContainerLabels(map[string]string{LabelManaged: "true", LabelNode: r.node, LabelPool: t.Name}))
+		containerd.WithContainerLabels(labels))
 	if err != nil {
 		return nil, fmt.Errorf("create container %s: %w", cid, err)
 	}
+	sp.mark("container")
 	if inst.layout, err = r.layoutOf(ctx, c); err != nil {
+		return nil, err
+	}
+	if forkLower != "" && inst.layout.Folded != forkLower {
+		return nil, fmt.Errorf("fork layer %s is not next to the snapshots of %s (%s): %w", forkLower, cid, inst.layout.Upper, errdefs.ErrInvalidArgument)
+	}
+	if c, err = r.withForkLower(ctx, c, inst.layout); err != nil {
 		return nil, err
 	}
 	if err := r.attachDisk(ctx, cid, inst.layout, disk); err != nil {
 		return nil, err
 	}
+	sp.mark("layout_disk")
 	task, err := start(ctx, c, inst.layout, r.initLog(cid))
 	if err != nil {
 		return nil, err
 	}
-	if err := r.unpinUserNS(cid); err != nil { // the init holds it now
-		return nil, err
-	}
+	sp.mark("task")
 	inst.pid = task.Pid()
 	if err := inst.attach(); err != nil {
 		return nil, err
 	}
+	if err := r.attachNetwork(ctx, inst, netip.Addr{}); err != nil {
+		return nil, err
+	}
+	sp.mark("network")
 	if err := r.waitInit(ctx, inst); err != nil {
 		inst.ref.Load().retire()
 		return nil, err
 	}
+	sp.mark("init")
 	return inst, nil
 }
 
@@ -233,12 +274,18 @@ func (r *runtime) replaceTask(ctx context.Context, inst *instance, start Restore
 	if err := killTask(ctx, c); err != nil {
 		return err
 	}
+	if c, err = r.withForkLower(ctx, c, inst.layout); err != nil {
+		return err
+	}
 	task, err := start(ctx, c, inst.layout, r.initLog(inst.cid))
 	if err != nil {
 		return err
 	}
 	inst.pid = task.Pid()
 	if err := inst.attach(); err != nil {
+		return err
+	}
+	if err := r.reattachNetwork(ctx, inst); err != nil {
 		return err
 	}
 	return r.waitInit(ctx, inst)
@@ -258,18 +305,15 @@ func (r *runtime) waitInit(ctx context.Context, inst *instance) error {
 // namespace (set up here) and the caller's extras.
 func (r *runtime) containerSpec(ctx context.Context, img containerd.Image, t *Template, inst *instance) ([]oci.SpecOpts, error) {
 	opts := r.templateSpec(img, t, inst.cid, inst.runDir)
-	var netOpts []network.SetupOpt
 	if inst.ids != nil {
-		h, err := r.makeUserNS(inst.cid, *inst.ids)
-		if err != nil {
-			return nil, fmt.Errorf("user namespace for %s: %w", inst.cid, err)
+		// runc makes the user namespace and, inside it, the network namespace; the network
+		// is attached once the task runs (attachNetwork).
+		opts = append(opts, userNSSpec(*inst.ids)...)
+		if r.net != nil {
+			opts = append(opts, oci.WithEnv(r.net.Env()))
 		}
-		defer h.stop()
-		opts = append(opts, userNSSpec(r.userNSPath(inst.cid), *inst.ids)...)
-		netOpts = append(netOpts, network.WithNetNSOf(h.pid()))
-	}
-	if r.net != nil {
-		att, err := r.net.Setup(ctx, inst.cid, netOpts...)
+	} else if r.net != nil {
+		att, err := r.net.Setup(ctx, inst.cid)
 		if err != nil {
 			return nil, fmt.Errorf("network for %s: %w", inst.cid, err)
 		}
@@ -333,7 +377,7 @@ func (r *runtime) destroy(ctx context.Context, cid string) error {
 	if err := r.unpinUserNS(cid); err != nil {
 		return err
 	}
-	r.ids.release(cid)
+	r.ids.release(r.containerDir(cid))
 	if err := os.RemoveAll(r.containerDir(cid)); err != nil {
 		return fmt.Errorf("remove sandbox dir of %s: %w", cid, err)
 	}

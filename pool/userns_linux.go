@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -17,96 +15,77 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/pool/network"
 )
 
-// A sandbox's user namespace is made before its container, by a holder process (the init
-// binary with --hold) started in a new user namespace with the sandbox's mapping and a new
-// network namespace, which is therefore owned by the user namespace. The user namespace is
-// pinned in the sandbox's directory and the container joins it by path (runc joins the user
-// namespace first, then the network namespace the network pinned from the holder); the holder
-// then exits, and once the task runs the pin is dropped (the init holds the namespace; runc
-// execs through /proc/<init>/ns). Had runc made the user namespace, a network namespace made on the host for CNI
-// would belong to the host's user namespace, and CRIU refuses to dump such a container.
+// runc makes a sandbox's user namespace (from the mapping in its spec) and, inside it, the
+// network namespace, so both are the container's own: CRIU dumps them with it and recreates
+// them at restore, the network namespace owned by the restored user namespace. A network
+// namespace made beforehand would belong to another user namespace (the host's, or one
+// pinned for it), which the restored processes could not enter (EPERM). The network is
+// therefore attached after the task starts (attachNetwork): its namespace is pinned from the
+// init's /proc/<pid>/ns/net while the init's pidfd shows it alive, then CNI adds the veth. A
+// restore (or any new task of the container) comes up in a new network namespace, with lo down
+// and without the veth, whose peer CRIU cannot recreate: reattachNetwork moves the sandbox's
+// attachment there, keeping its address.
+//
+// Sandboxes made by an older daemon joined a user namespace pinned in their directory
+// (userNSFile); the pin is dropped once their task runs, and leftovers are removed
+// (unpinOrphanUserNS).
 
-const userNSFile = "userns" // in the sandbox's directory
+const userNSFile = "userns" // in the sandbox's directory (older daemons)
 
 func (r *runtime) userNSPath(cid string) string {
 	return filepath.Join(r.containerDir(cid), userNSFile)
 }
 
-// nsHolder is a process that holds a new user and network namespace until stop.
-type nsHolder struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-}
-
-// startHolder starts the init binary with --hold in a new user namespace mapping m and a new
-// network namespace. The binary is run through an fd opened here (/proc/self/fd/3 in the
-// child), so its host path need not be searchable by the unprivileged ids of the namespace.
-func startHolder(initBin string, m IDMapping) (*nsHolder, error) {
-	bin, err := os.Open(initBin)
+// attachNetwork attaches a user-namespaced sandbox's network once its task runs, asking for
+// address ip when valid. Sandboxes without a user namespace were attached before their
+// container was made (containerSpec).
+func (r *runtime) attachNetwork(ctx context.Context, inst *instance, ip netip.Addr) error {
+	if inst.ids == nil || r.net == nil {
+		return nil
+	}
+	ref := inst.ref.Load()
+	if ref == nil {
+		return fmt.Errorf("network for %s: %w", inst.cid, errNoInit)
+	}
+	var opts []network.SetupOpt
+	if ip.IsValid() {
+		opts = append(opts, network.WithIP(ip))
+	}
+	att, err := r.net.Setup(ctx, inst.cid, append(opts, network.WithNetNSOf(int(inst.pid)))...)
 	if err != nil {
-		return nil, fmt.Errorf("open init binary: %w", err)
+		return fmt.Errorf("network for %s: %w", inst.cid, err)
 	}
-	defer bin.Close()
-	cmd := exec.Command("/proc/self/fd/3", "--hold")
-	cmd.ExtraFiles = []*os.File{bin}
-	maps := []syscall.SysProcIDMap{{ContainerID: int(m.ContainerID), HostID: int(m.HostID), Size: int(m.Size)}}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNET,
-		UidMappings: maps, GidMappings: maps,
-		GidMappingsEnableSetgroups: true, // the sandbox's processes may call setgroups(2)
-		// no Pdeathsig: it fires when the starting OS thread exits; stdin closes with us
+	// The namespace was pinned through the pid: if the init had exited, the pid could name
+	// another process by then. Alive now means it was the init's.
+	if err := ref.alive(); err != nil {
+		r.teardownNetwork(ctx, inst.cid)
+		return fmt.Errorf("network for %s: %w", inst.cid, err)
 	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		stdin.Close()
-		return nil, fmt.Errorf("start user namespace holder: %w", err)
-	}
-	return &nsHolder{cmd: cmd, stdin: stdin}, nil
-}
-
-func (h *nsHolder) pid() int { return h.cmd.Process.Pid }
-
-// stop ends the holder and reaps it (the namespaces live on where they are pinned).
-func (h *nsHolder) stop() {
-	if h == nil {
-		return
-	}
-	h.stdin.Close()
-	t := time.AfterFunc(5*time.Second, func() { _ = h.cmd.Process.Kill() })
-	defer t.Stop()
-	_ = h.cmd.Wait()
-}
-
-// makeUserNS starts the holder of a new sandbox's namespaces and pins its user namespace.
-func (r *runtime) makeUserNS(cid string, m IDMapping) (*nsHolder, error) {
-	h, err := startHolder(r.initBin, m)
-	if err != nil {
-		return nil, err
-	}
-	if err := pinNS(fmt.Sprintf("/proc/%d/ns/user", h.pid()), r.userNSPath(cid)); err != nil {
-		h.stop()
-		return nil, err
-	}
-	return h, nil
-}
-
-// pinNS bind-mounts the namespace file from onto a new file at path.
-func pinNS(from, path string) error {
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
-	if err != nil {
-		return fmt.Errorf("create namespace file: %w", err)
-	}
-	f.Close()
-	if err := unix.Mount(from, path, "none", unix.MS_BIND, ""); err != nil {
-		_ = os.Remove(path)
-		return fmt.Errorf("pin namespace %s at %s: %w", from, path, err)
-	}
+	inst.ip = att.IP
 	return nil
+}
+
+// reattachNetwork moves a user-namespaced sandbox's attachment into the network namespace of
+// its new task (see above), keeping its address.
+func (r *runtime) reattachNetwork(ctx context.Context, inst *instance) error {
+	if inst.ids == nil || r.net == nil {
+		return nil
+	}
+	if err := r.net.Teardown(ctx, inst.cid); err != nil {
+		return fmt.Errorf("network for %s: %w", inst.cid, err)
+	}
+	return r.attachNetwork(ctx, inst, inst.ip)
+}
+
+func (r *runtime) teardownNetwork(ctx context.Context, cid string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := r.net.Teardown(cctx, cid); err != nil {
+		log.L(ctx).Warn("tear down network", "sandbox", cid, "error", err)
+	}
 }
 
 // unpinUserNS unmounts and removes a sandbox's pinned user namespace; none is fine.
@@ -122,12 +101,12 @@ func (r *runtime) unpinUserNS(cid string) error {
 	return nil
 }
 
-// userNSSpec makes the container join its pinned user namespace, with its mapping in the
-// spec (runc checks that they agree).
-func userNSSpec(path string, m IDMapping) []oci.SpecOpts {
+// userNSSpec gives the container a new user namespace with mapping m and a new network
+// namespace (made by runc inside it).
+func userNSSpec(m IDMapping) []oci.SpecOpts {
 	return []oci.SpecOpts{
 		oci.WithUserNamespace(m.specMaps(), m.specMaps()),
-		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.UserNamespace, Path: path}),
+		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace}),
 	}
 }
 

@@ -149,3 +149,14 @@ func TestOrphanUserNSUnpinnedAtStart(t *testing.T) {
 		t.Fatalf("the orphan's user namespace is still pinned: %v", err)
 	}
 }
+
+// pinNS bind-mounts the namespace file from onto a new file at path (what daemons before
+// runc made the user namespace left in sandbox directories).
+func pinNS(from, path string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return syscall.Mount(from, path, "none", syscall.MS_BIND, "")
+}

@@ -15,10 +15,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -32,16 +32,18 @@ var version = "dev"
 // maxLog bounds what the init writes to its log (a host file) over its lifetime.
 const maxLog = 256 << 10
 
+// The main goroutine, which serves (and, after a CRIU restore, executes the init again:
+// pool/initd/reexec_linux.go), stays on the process's first thread. An execve from another
+// thread makes the kernel hand the thread group's pid over to that thread, during which the
+// host can find /proc/<init> gone or out of its cgroup, and fence the sandbox.
+func init() { runtime.LockOSThread() }
+
 func main() {
 	socket := flag.String("socket", initproto.DefaultSocketPath, "unix socket to listen on")
 	killTimeout := flag.Duration("kill-timeout", 5*time.Second, "how long to wait for processes to die on kill")
 	parkTimeout := flag.Duration("park-timeout", 30*time.Second, "how long the listener stays parked without an unpark signal")
-	hold := flag.Bool("hold", false, "only wait for stdin to close, then exit (the host runs it to make a sandbox's user and network namespaces)")
+	resumeFd := flag.Int(initd.ResumeFlag, -1, "descriptor of the state an earlier image of the init handed over (set by the init itself after a CRIU restore)")
 	flag.Parse()
-	if *hold {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		return
-	}
 	logger := slog.New(slog.NewTextHandler(initd.LimitWriter(os.Stderr, maxLog), nil)).With("component", "deltabox-init")
 	stopSignals := []os.Signal{syscall.SIGTERM, syscall.SIGINT}
 	if os.Getpid() == 1 {
@@ -52,7 +54,16 @@ func main() {
 	if err := initd.Harden(append(stopSignals, initproto.UnparkSignal)...); err != nil {
 		exit("harden init", err)
 	}
-	if err := run(*socket, *killTimeout, *parkTimeout, stopSignals, logger); err != nil {
+	opts := []initd.Option{}
+	if *resumeFd >= 0 {
+		st, err := initd.ReadResume(*resumeFd)
+		if err != nil {
+			logger.Error("resume after a restore: starting without the handed-over state", "error", err)
+		} else {
+			opts = append(opts, initd.WithResume(st))
+		}
+	}
+	if err := run(*socket, *killTimeout, *parkTimeout, stopSignals, logger, opts...); err != nil {
 		exit("serve", err)
 	}
 }
@@ -65,7 +76,7 @@ func exit(what string, err error) {
 	os.Exit(1)
 }
 
-func run(socket string, killTimeout, parkTimeout time.Duration, stopSignals []os.Signal, logger *slog.Logger) error {
+func run(socket string, killTimeout, parkTimeout time.Duration, stopSignals []os.Signal, logger *slog.Logger, opts ...initd.Option) error {
 	ctx, stop := context.Background(), func() {}
 	if len(stopSignals) > 0 {
 		ctx, stop = signal.NotifyContext(ctx, stopSignals...)
@@ -73,8 +84,8 @@ func run(socket string, killTimeout, parkTimeout time.Duration, stopSignals []os
 	defer stop()
 	unpark := make(chan os.Signal, 4)
 	signal.Notify(unpark, initproto.UnparkSignal)
-	srv := initd.New(initd.WithVersion(version), initd.WithKillTimeout(killTimeout), initd.WithLogger(logger),
-		initd.WithUnpark(unpark), initd.WithParkTimeout(parkTimeout))
+	srv := initd.New(append([]initd.Option{initd.WithVersion(version), initd.WithKillTimeout(killTimeout), initd.WithLogger(logger),
+		initd.WithUnpark(unpark), initd.WithParkTimeout(parkTimeout)}, opts...)...)
 	l, err := initd.Listen(socket)
 	if err != nil {
 		return err

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containerd/errdefs"
 	"github.com/urfave/cli/v2"
 
 	"github.com/deltabox/deltabox/orchestrator/api"
@@ -30,7 +29,7 @@ func execCommand() *cli.Command {
 			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Usage: "uid[:gid] or name[:group]"},
 			&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "pass standard input to the command"},
 			&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "start the command and print its proc ID (deltabox logs ID PROC shows its output)"},
-			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal (not available yet: the sandbox init has no pty support)"},
+			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal in the sandbox (/dev/pts/N, the local window size); with -i the local terminal goes raw: Ctrl-C, Ctrl-D and every other key reach the command"},
 			&cli.Int64Flag{Name: "output-cap", Usage: "bytes of output kept per stream (0: all)"},
 			&cli.StringFlag{Name: "via", Usage: "init (fast) or containerd (runc exec); default: init, containerd if the init does not answer"},
 		},
@@ -41,9 +40,6 @@ func execCommand() *cli.Command {
 func runExec(c *cli.Context) error {
 	if c.NArg() < 2 {
 		return usagef("exec needs a sandbox ID and a command: deltabox exec [FLAGS] ID CMD [ARGS...]")
-	}
-	if c.Bool("tty") {
-		return fmt.Errorf("exec -t: the sandbox init cannot host a terminal yet; run without -t (-i passes stdin): %w", errdefs.ErrNotImplemented)
 	}
 	timeout, err := parseTimeout(c.String("timeout"))
 	if err != nil {
@@ -58,6 +54,12 @@ func runExec(c *cli.Context) error {
 	}
 	req := api.ExecRequest{Argv: args[1:], Env: c.StringSlice("env"), Workdir: c.String("workdir"),
 		User: c.String("user"), TimeoutMS: float64(timeout) / float64(time.Millisecond), OutputCap: c.Int64("output-cap"), Via: c.String("via")}
+	if c.Bool("tty") {
+		if c.Bool("detach") {
+			return usagef("exec -d cannot have a terminal (-t)")
+		}
+		return runExecTTY(c, args[0], req)
+	}
 	if c.Bool("detach") {
 		if c.Bool("interactive") {
 			return usagef("exec -d takes no stdin (-i)")

@@ -53,7 +53,7 @@ func logsCommand() *cli.Command {
 
 func psCommand() *cli.Command {
 	return &cli.Command{
-		Name: "ps", Usage: "list a sandbox's detached execs (exec -d)", ArgsUsage: "ID",
+		Name: "ps", Usage: "list a sandbox's detached execs (exec -d; they survive a daemon restart)", ArgsUsage: "ID",
 		Action: func(c *cli.Context) error {
 			if err := exactArgs(c, 1, "ID"); err != nil {
 				return err

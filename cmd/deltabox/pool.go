@@ -49,7 +49,7 @@ func poolCreateCommand() *cli.Command {
 			&cli.BoolFlag{Name: "checkpoint-processes", Usage: "checkpoints keep the processes too by default (checkpoint create --processes)"},
 			&cli.BoolFlag{Name: "wait", Usage: "wait until min-ready sandboxes are ready (a bar on a terminal, progress lines with -o json)"},
 			&cli.DurationFlag{Name: "wait-timeout", Value: 5 * time.Minute, Usage: "give up waiting after this long"},
-			&cli.BoolFlag{Name: "no-userns", Usage: "run without a user namespace: root in the sandbox is host root (weaker; needed for L3 checkpoints, snapshots and forks)"},
+			&cli.BoolFlag{Name: "no-userns", Usage: "run without a user namespace: root in the sandbox is host root (weaker)"},
 		},
 		Action: poolCreate,
 	}

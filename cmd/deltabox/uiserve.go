@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -83,14 +84,20 @@ type uiServer struct {
 	host  string
 }
 
-// uiAPI lists what the page may call: method and path pattern under /v1.
-var uiAPI = []struct {
+// uiAPI lists what the page may call: method and path pattern under /v1 (compiled on first
+// use, not at every CLI call's start-up).
+var uiAPI = sync.OnceValue(func() []uiRoute {
+	return []uiRoute{
+		{http.MethodGet, regexp.MustCompile(`^/sandboxes$`)},
+		{http.MethodGet, regexp.MustCompile(`^/sandboxes/[A-Za-z0-9_.-]+/(checkpoints|log|diff|state)$`)},
+		{http.MethodPost, regexp.MustCompile(`^/sandboxes/[A-Za-z0-9_.-]+/(rollback|fork)$`)},
+	}
+})
+
+// uiRoute is one method and path pattern the page may call.
+type uiRoute struct {
 	method string
 	path   *regexp.Regexp
-}{
-	{http.MethodGet, regexp.MustCompile(`^/sandboxes$`)},
-	{http.MethodGet, regexp.MustCompile(`^/sandboxes/[A-Za-z0-9_.-]+/(checkpoints|log|diff|state)$`)},
-	{http.MethodPost, regexp.MustCompile(`^/sandboxes/[A-Za-z0-9_.-]+/(rollback|fork)$`)},
 }
 
 func (s *uiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -119,7 +126,7 @@ func (s *uiServer) forward(w http.ResponseWriter, r *http.Request) {
 	}
 	p := strings.TrimPrefix(r.URL.Path, "/v1")
 	allowed := false
-	for _, a := range uiAPI {
+	for _, a := range uiAPI() {
 		allowed = allowed || (a.method == r.Method && a.path.MatchString(p))
 	}
 	if !allowed {

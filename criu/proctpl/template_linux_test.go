@@ -352,3 +352,114 @@ func TestWaitGivesUpOnAProcessThatDoesNotStop(t *testing.T) {
 		t.Fatalf("the REPL after being let go: %s", got)
 	}
 }
+
+// TestSpareCopy: Prefork makes a stopped copy ahead; the next Copy starts that
+// very process (dumpable again, at the checkpoint's state); a spare the sandbox killed is
+// replaced by a fresh fork; Release kills the spare with the template.
+func TestSpareCopy(t *testing.T) {
+	testutil.RequiresRoot(t)
+	tr := NewTracer()
+	r := startREPL(t)
+	r.eval(t, "x = 1")
+	tp := checkpoint(t, tr, r.cmd.Process.Pid)
+	if err := tp.Prefork(nil); err != nil {
+		t.Fatal(err)
+	}
+	spare := tp.SparePid()
+	if spare == 0 || spare == tp.Pid() {
+		t.Fatalf("spare pid %d (template %d)", spare, tp.Pid())
+	}
+	if st := procState(spare); st != "t" {
+		t.Fatalf("spare state %q, want t (traced stop)", st)
+	}
+	if err := tp.Prefork(nil); err != nil || tp.SparePid() != spare {
+		t.Fatalf("second Prefork: %v, spare %d -> %d", err, spare, tp.SparePid())
+	}
+	r.eval(t, "x = 2")
+	c := rollback(t, tp, r.cmd.Process.Pid)
+	if c != spare || tp.SparePid() != 0 {
+		t.Fatalf("copy %d, spare was %d, spare now %d", c, spare, tp.SparePid())
+	}
+	if got := r.eval(t, "x"); got != "1" {
+		t.Fatalf("x = %s after a copy from the spare, want 1", got)
+	}
+	if d := r.eval(t, "__import__('ctypes').CDLL(None).prctl(3, 0, 0, 0, 0)"); d != "1" { // PR_GET_DUMPABLE
+		t.Fatalf("copy dumpable %q, want 1", d)
+	}
+	// a spare killed from inside: the next copy forks anew
+	if err := tp.Prefork(nil); err != nil {
+		t.Fatal(err)
+	}
+	killed := tp.SparePid()
+	if err := unix.Kill(killed, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, time.Millisecond, "spare killed", func() bool { return procState(killed) == "Z" })
+	r.eval(t, "x = 3")
+	c = rollback(t, tp, c)
+	if c == killed {
+		t.Fatal("copy started from a killed spare")
+	}
+	if got := r.eval(t, "x"); got != "1" {
+		t.Fatalf("x = %s after a copy past a killed spare, want 1", got)
+	}
+	if err := tp.Prefork(nil); err != nil {
+		t.Fatal(err)
+	}
+	last := tp.SparePid()
+	tp.Release()
+	testutil.WaitFor(t, 5*time.Second, time.Millisecond, "spare gone with its template", func() bool {
+		st := procState(last)
+		return st == "Z" || st == "gone"
+	})
+}
+
+// TestArmedCopyStartsWithTheThaw: a spare parked out of the frozen cgroup is armed while
+// the process's cgroup is frozen (its calls run), moved into the frozen cgroup and started
+// there: it stays frozen, runs at the thaw untraced, from the checkpoint's state (the
+// original, killed while frozen, dies at the thaw).
+func TestArmedCopyStartsWithTheThaw(t *testing.T) {
+	testutil.RequiresRoot(t)
+	tr := NewTracer()
+	r := startREPL(t)
+	r.eval(t, "x = 1")
+	pid := r.cmd.Process.Pid
+	tp := checkpoint(t, tr, pid)
+	park := filepath.Join("/sys/fs/cgroup/freezer", fmt.Sprintf("proctpl-park-%d", os.Getpid()))
+	if err := os.Mkdir(park, 0o755); err != nil {
+		testutil.SkipOrFail(t, "cgroup v1 freezer: %v", err)
+	}
+	t.Cleanup(func() { _ = os.Remove(park) })
+	if err := tp.Prefork(func(p int) error {
+		return os.WriteFile(filepath.Join(park, "cgroup.procs"), []byte(strconv.Itoa(p)), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r.eval(t, "x = 2")
+	thaw := freezeCgroup(t, pid)
+	c, err := tp.Arm()
+	if err != nil || c == 0 || c != tp.armed.pid {
+		t.Fatalf("Arm = %d, %v", c, err)
+	}
+	dir := filepath.Join("/sys/fs/cgroup/freezer", fmt.Sprintf("proctpl-test-%d-%d", os.Getpid(), pid))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(c)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := tp.Copy(); err != nil || got != c {
+		t.Fatalf("Copy of the armed spare = %d, %v; want %d", got, err, c)
+	}
+	_ = unix.Kill(pid, unix.SIGKILL)
+	t.Cleanup(func() { _ = unix.Kill(c, unix.SIGKILL); var ws unix.WaitStatus; _, _ = unix.Wait4(c, &ws, 0, nil) })
+	time.Sleep(10 * time.Millisecond)
+	if st := procState(c); st != "D" {
+		t.Fatalf("started copy in the frozen cgroup is %q, want frozen (D)", st)
+	}
+	thaw()
+	if got := r.eval(t, "x"); got != "1" {
+		t.Fatalf("x = %s in the copy started frozen, want 1", got)
+	}
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", c))
+	if !strings.Contains(string(status), "TracerPid:\t0") {
+		t.Fatalf("the copy is still traced:\n%s", status)
+	}
+}

@@ -103,7 +103,17 @@ func waitStopUntil(pid int, deadline time.Time) (stop, error) {
 		if time.Now().After(deadline) {
 			return stop{}, errNotStopped
 		}
-		time.Sleep(sleep)
+		nap(sleep)
+	}
+}
+
+// nap sleeps d on the calling thread (nanosleep(2)): the tracer thread is locked and serves
+// nothing else meanwhile, and the Go runtime's timers round a sleep under a millisecond up
+// to about a millisecond here (its poller waits in whole milliseconds), which a seized
+// process that stops 50 µs after the thaw would otherwise cost every checkpoint.
+func nap(d time.Duration) {
+	ts := unix.NsecToTimespec(d.Nanoseconds())
+	for unix.Nanosleep(&ts, &ts) == unix.EINTR {
 	}
 }
 

@@ -145,6 +145,7 @@ type Snapshots struct {
 	SigningKey     string   `toml:"signing_key"`
 	TrustedKeys    []string `toml:"trusted_keys"`
 	RestoreTimeout Duration `toml:"restore_timeout"`
+	DumpTimeout    Duration `toml:"dump_timeout"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("90s", "2m").
@@ -218,6 +219,18 @@ type Checkpoints struct {
 	// templates are dropped.
 	TemplateMemory        string `toml:"template_memory"`
 	TemplateMemorySandbox string `toml:"template_memory_sandbox"`
+	// ForkLayerMemory bounds the tmpfs that holds the shared layers of `fork --from` in
+	// memory (a size such as 1g; "": 1 GiB; "0": layers on disk only).
+	ForkLayerMemory string `toml:"fork_layer_memory"`
+}
+
+// ForkLayerMemoryBytes returns checkpoints.fork_layer_memory in bytes: 0 for the default, -1
+// for none (layers on disk only).
+func (c Checkpoints) ForkLayerMemoryBytes() (int64, error) {
+	if strings.TrimSpace(c.ForkLayerMemory) == "0" {
+		return -1, nil
+	}
+	return parseSize("checkpoints.fork_layer_memory", c.ForkLayerMemory)
 }
 
 // TemplateMemoryBytes returns checkpoints.template_memory and template_memory_sandbox in
@@ -356,6 +369,9 @@ func (c Config) validate(name string) error {
 		return fmt.Errorf("config %s: checkpoints.step_records = %d, step_output_bytes = %d: want -1 or more, and 0 to 1 MiB: %w",
 			name, c.Checkpoints.StepRecords, c.Checkpoints.StepOutputBytes, errdefs.ErrInvalidArgument)
 	}
+	if _, err := c.Checkpoints.ForkLayerMemoryBytes(); err != nil {
+		return fmt.Errorf("config %s: %w", name, err)
+	}
 	if c.Checkpoints.RetainBranch < 0 {
 		return fmt.Errorf("config %s: checkpoints.retain_branch = %d: want 0 (as retain) or more: %w", name, c.Checkpoints.RetainBranch, errdefs.ErrInvalidArgument)
 	}
@@ -370,6 +386,9 @@ func (c Config) validate(name string) error {
 	}
 	if c.Snapshots.RestoreTimeout.Duration < time.Second {
 		return fmt.Errorf("config %s: snapshots.restore_timeout = %s: want at least 1s: %w", name, c.Snapshots.RestoreTimeout, errdefs.ErrInvalidArgument)
+	}
+	if c.Snapshots.DumpTimeout.Duration < time.Second {
+		return fmt.Errorf("config %s: snapshots.dump_timeout = %s: want at least 1s: %w", name, c.Snapshots.DumpTimeout, errdefs.ErrInvalidArgument)
 	}
 	if err := c.E2B.validate(name); err != nil {
 		return err

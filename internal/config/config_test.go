@@ -144,3 +144,32 @@ func TestE2BListenerRules(t *testing.T) {
 		t.Errorf("TLS on a public address: %v", err)
 	}
 }
+
+func TestSnapshotTimeouts(t *testing.T) {
+	c, err := Parse([]byte("version = 1\n"), "t.toml")
+	if err != nil || c.Snapshots.DumpTimeout.Duration != 2*time.Minute || c.Snapshots.RestoreTimeout.Duration != 2*time.Minute {
+		t.Fatalf("defaults: %+v, %v", c.Snapshots, err)
+	}
+	for key, want := range map[string]string{"dump_timeout": "snapshots.dump_timeout", "restore_timeout": "snapshots.restore_timeout"} {
+		_, err := Parse([]byte("version = 1\n[snapshots]\n"+key+" = \"10ms\"\n"), "t.toml")
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s = 10ms: %v, want invalid_argument naming %s", key, err, want)
+		}
+	}
+}
+
+func TestForkLayerMemory(t *testing.T) {
+	for v, want := range map[string]int64{`""`: 0, `"0"`: -1, `"2g"`: 2 << 30} {
+		c, err := Parse([]byte("version = 1\n[checkpoints]\nfork_layer_memory = "+v+"\n"), "t.toml")
+		if err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		if got, err := c.Checkpoints.ForkLayerMemoryBytes(); err != nil || got != want {
+			t.Errorf("fork_layer_memory = %s: %d %v, want %d", v, got, err, want)
+		}
+	}
+	_, err := Parse([]byte("version = 1\n[checkpoints]\nfork_layer_memory = \"lots\"\n"), "t.toml")
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "checkpoints.fork_layer_memory") {
+		t.Errorf("a bad size: %v", err)
+	}
+}

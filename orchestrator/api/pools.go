@@ -161,7 +161,29 @@ type ExecRequest struct {
 	// Detach starts the command and answers at once with its Proc; its output goes to the
 	// proc's log (GET .../procs/{proc}/logs). Not with Stdin.
 	Detach bool `json:"detach,omitempty"`
+	// TTY is the initial window size of the command's terminal: only for
+	// POST /v1/sandboxes/{id}/exec/tty, which requires it ({} takes 24x80).
+	TTY *TTYSize `json:"tty,omitempty"`
 }
+
+// TTYSize is a terminal's window size in character cells.
+type TTYSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// TTYInput is one JSON line of the body of POST /v1/sandboxes/{id}/exec/tty after the
+// request line: bytes typed on the terminal (with Stdin set in the request), a new window
+// size, or the end of the input (which types the terminal's EOF character, Ctrl-D). A line is
+// at most MaxTTYInputLine bytes.
+type TTYInput struct {
+	Stdin  []byte   `json:"i,omitempty"`
+	Resize *TTYSize `json:"resize,omitempty"`
+	EOF    bool     `json:"eof,omitempty"`
+}
+
+// MaxTTYInputLine bounds one TTYInput line, newline included (32 KiB of input fit).
+const MaxTTYInputLine = 64 << 10
 
 // Proc is a detached exec: its ID within the sandbox, what it runs and how it ended.
 type Proc struct {

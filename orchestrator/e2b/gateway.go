@@ -41,8 +41,14 @@ type Backend interface {
 	Lease(ctx context.Context, pool string, req api.LeaseRequest) (api.Lease, error)
 	Release(ctx context.Context, id string) error
 	Sandbox(id string) (api.Sandbox, error)
-	Exec(ctx context.Context, id string, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error)
+	// ExecNotify runs a command on pipes; ExecTTY on a terminal (req.TTY set), its input from
+	// input until closed or an EOF. started gets the command's pid in the sandbox once it runs
+	// (not at all when it could not be started, or the sandbox's init predates start reports).
+	ExecNotify(ctx context.Context, id string, req api.ExecRequest, started func(pid int), stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error)
+	ExecTTY(ctx context.Context, id string, req api.ExecRequest, started func(pid int), input <-chan api.TTYInput, out io.Writer) (api.ExitStatus, error)
 	KillTag(ctx context.Context, id, tag string) (int, error)
+	// SignalTag sends sig ("SIGTERM") once to the processes of the execs tagged tag.
+	SignalTag(ctx context.Context, id, tag, sig string) (int, error)
 	SandboxRoot(ctx context.Context, id string) (*rootfs.Root, error)
 	Freeze(ctx context.Context, id string) error
 	Thaw(ctx context.Context, id string) error

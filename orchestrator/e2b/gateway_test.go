@@ -35,6 +35,9 @@ type fakeBackend struct {
 	forked map[string]string            // id -> ForkedFrom
 	log    []string                     // calls, in order
 	exec   func(req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) api.ExitStatus
+	tty    func(ctx context.Context, req api.ExecRequest, input <-chan api.TTYInput, out io.Writer) api.ExitStatus
+	signal func(tag, sig string)
+	pid    int // the last command's pid is 200+pid
 }
 
 func newFake(t *testing.T) *fakeBackend {
@@ -113,13 +116,49 @@ func (f *fakeBackend) Sandbox(id string) (api.Sandbox, error) {
 	return api.Sandbox{ID: id, IP: f.ip}, nil
 }
 
-func (f *fakeBackend) Exec(ctx context.Context, id string, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error) {
+// nextPid is the pid in the sandbox of the fake's next command.
+func (f *fakeBackend) nextPid() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pid++
+	return 200 + f.pid
+}
+
+func (f *fakeBackend) ExecNotify(ctx context.Context, id string, req api.ExecRequest, started func(int), stdin io.Reader, stdout, stderr io.Writer) (api.ExitStatus, error) {
 	f.record("exec " + strings.Join(req.Argv, " "))
-	return f.exec(req, stdin, stdout, stderr), nil
+	pid := f.nextPid()
+	if started != nil {
+		started(pid)
+	}
+	st := f.exec(req, stdin, stdout, stderr)
+	st.Pid = pid
+	return st, nil
+}
+
+func (f *fakeBackend) ExecTTY(ctx context.Context, id string, req api.ExecRequest, started func(int), input <-chan api.TTYInput, out io.Writer) (api.ExitStatus, error) {
+	f.record(fmt.Sprintf("exec-tty %dx%d %s", req.TTY.Rows, req.TTY.Cols, strings.Join(req.Argv, " ")))
+	pid := f.nextPid()
+	if started != nil && f.tty != nil {
+		started(pid)
+	}
+	if f.tty == nil { // a command that could not be started: no start report
+		return api.ExitStatus{Code: 127, Error: "no terminal in this fake"}, nil
+	}
+	st := f.tty(ctx, req, input, out)
+	st.Pid = pid
+	return st, nil
 }
 
 func (f *fakeBackend) KillTag(ctx context.Context, id, tag string) (int, error) {
 	f.record("kill " + tag)
+	return 1, nil
+}
+
+func (f *fakeBackend) SignalTag(ctx context.Context, id, tag, sig string) (int, error) {
+	f.record("signal " + sig + " " + tag)
+	if f.signal != nil {
+		f.signal(tag, sig)
+	}
 	return 1, nil
 }
 
@@ -416,7 +455,8 @@ func TestStartStreamsOutputAndExit(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	msgs, end := frames(t, body)
-	want := []string{`{"event":{"start":{"pid":1001}}}`, `{"event":{"data":{"stdout":"aGk="}}}`,
+	// 201 is the command's pid in the (fake) sandbox, as the init reported it.
+	want := []string{`{"event":{"start":{"pid":201}}}`, `{"event":{"data":{"stdout":"aGk="}}}`,
 		`{"event":{"data":{"stderr":"b29wcw=="}}}`, `{"event":{"end":{"exitCode":3,"exited":true,"status":"exit status 3"}}}`}
 	if strings.Join(msgs, "\n") != strings.Join(want, "\n") || end != "{}" {
 		t.Errorf("stream:\n%s\nend %s\nwant:\n%s", strings.Join(msgs, "\n"), end, strings.Join(want, "\n"))

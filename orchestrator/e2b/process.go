@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,9 +25,7 @@ func (g *Gateway) envdRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /process.Process/SendInput", unary(g.sendInput, g))
 	mux.HandleFunc("POST /process.Process/CloseStdin", unary(g.closeStdin, g))
 	mux.HandleFunc("POST /process.Process/SendSignal", unary(g.sendSignal, g))
-	mux.HandleFunc("POST /process.Process/Update", unary(func(ctx context.Context, sb *sandbox, req *updateRequest) (*empty, error) {
-		return nil, fmt.Errorf("PTY resize: DeltaBox sandboxes have no PTY: %w", errUnimplemented)
-	}, g))
+	mux.HandleFunc("POST /process.Process/Update", unary(g.updateProcess, g))
 	mux.HandleFunc("POST /process.Process/StreamInput", func(w http.ResponseWriter, r *http.Request) {
 		writeUnaryError(w, fmt.Errorf("StreamInput (client streaming) is not served; use SendInput: %w", errUnimplemented))
 	})
@@ -34,22 +33,46 @@ func (g *Gateway) envdRoutes(mux *http.ServeMux) {
 	g.fileRoutes(mux)
 }
 
-// process is one command the gateway started. pid is the gateway's handle for it (the SDK
-// uses it only to address the process), not its pid inside the sandbox.
+// process is one command the gateway started, on pipes or on a terminal (pty).
 type process struct {
+	// pid is the command's pid in the sandbox (what ps shows, and $$ of a shell), as the
+	// init reports it once the command runs. A command that could not be started, or whose
+	// sandbox's init predates start reports and is slow to end, gets a handle above any pid
+	// (syntheticPid) instead. Set once by register (under the sandbox's mu) before started
+	// is closed.
 	pid     uint32
-	tag     string // the exec's DeltaBox tag (kill by tag)
+	started chan struct{}
+	seq     uint32 // the gateway's number for it (its tag)
+	tag     string // the exec's DeltaBox tag (kill and signal by tag)
 	userTag string // the tag the SDK gave, if any
 	cfg     processConfig
-	stdin   *io.PipeWriter // nil: stdin closed from the start
+	stdin   *io.PipeWriter // nil: stdin closed from the start (pipes)
 	ctx     context.Context
 	cancel  context.CancelFunc // kills the exec (its connection to the init closes)
+
+	// tty carries a terminal's input (typed bytes, window sizes) to the exec; nil for a
+	// command on pipes. ttyMu orders the senders; ttyEOF says Ctrl-D was typed by CloseStdin.
+	tty    chan api.TTYInput
+	ttyMu  sync.Mutex
+	ttyEOF bool
 
 	mu   sync.Mutex
 	subs map[*subscriber]bool
 	end  *endEvent
 	done chan struct{}
 }
+
+// ctrlD is the terminal's usual EOF character (VEOF), typed by CloseStdin.
+const ctrlD = 0x04
+
+// syntheticPid is the base of the handles of processes without a pid: above pid_max's
+// ceiling (1<<22), so they never name a real process of the sandbox.
+const syntheticPid = 1 << 22
+
+// startWait bounds how long a Start waits for the init's start report before it answers with
+// a synthetic handle (an init that predates start reports sends none). The exec may first
+// wait for the sandbox's first checkpoint.
+var startWait = 20 * time.Second
 
 // subscriber is one stream (Start or Connect) following a process's events.
 type subscriber struct {
@@ -93,12 +116,16 @@ func (p *process) unsubscribe(s *subscriber) {
 type outWriter struct {
 	p      *process
 	stderr bool
+	pty    bool // the terminal's output
 }
 
 func (o outWriter) Write(b []byte) (int, error) {
 	data := append([]byte(nil), b...)
 	ev := processEvent{Data: &dataEvent{Stdout: data}}
-	if o.stderr {
+	switch {
+	case o.pty:
+		ev = processEvent{Data: &dataEvent{Pty: data}}
+	case o.stderr:
 		ev = processEvent{Data: &dataEvent{Stderr: data}}
 	}
 	o.p.publish(ev)
@@ -106,9 +133,6 @@ func (o outWriter) Write(b []byte) (int, error) {
 }
 
 func (g *Gateway) startProcess(ctx context.Context, sb *sandbox, req *startRequest, s *stream, ka time.Duration) error {
-	if req.Pty != nil {
-		return fmt.Errorf("PTY: DeltaBox's sandbox init runs commands with pipes, not a terminal: %w", errUnimplemented)
-	}
 	if req.Process.Cmd == "" {
 		return fmt.Errorf("process.cmd is empty: %w", errdefs.ErrInvalidArgument)
 	}
@@ -124,8 +148,9 @@ func (g *Gateway) startProcess(ctx context.Context, sb *sandbox, req *startReque
 	return follow(ctx, p, sub, s, ka)
 }
 
-// spawn starts the command of req and returns its process and the starting stream's
-// subscriber, registered before the command runs so that no output is missed.
+// spawn starts the command of req (on a terminal when req.Pty is set) and returns its
+// process, once its pid is known, and the starting stream's subscriber, registered before the
+// command runs so that no output is missed.
 func (sb *sandbox) spawn(ctx context.Context, req *startRequest) (*process, *subscriber, error) {
 	argv := sb.argv(ctx, req.Process)
 	sb.mu.Lock()
@@ -133,17 +158,16 @@ func (sb *sandbox) spawn(ctx context.Context, req *startRequest) (*process, *sub
 		sb.mu.Unlock()
 		return nil, nil, fmt.Errorf("sandbox %q is gone: %w", sb.id, errdefs.ErrNotFound)
 	}
-	sb.nextPid++
-	p := &process{pid: sb.nextPid, cfg: req.Process, subs: map[*subscriber]bool{}, done: make(chan struct{})}
+	sb.seq++
+	p := &process{seq: sb.seq, cfg: req.Process, subs: map[*subscriber]bool{}, done: make(chan struct{}), started: make(chan struct{})}
+	sb.mu.Unlock()
 	p.ctx, p.cancel = context.WithCancel(sb.ctx)
-	p.tag = "e2b-" + strconv.FormatUint(uint64(p.pid), 10)
+	p.tag = "e2b-" + strconv.FormatUint(uint64(p.seq), 10)
 	if req.Tag != nil {
 		p.userTag = *req.Tag
 	}
-	sb.procs[p.pid] = p
-	sb.mu.Unlock()
 	var stdin io.Reader
-	if req.Stdin != nil && *req.Stdin {
+	if req.Stdin != nil && *req.Stdin && req.Pty == nil {
 		pr, pw := io.Pipe()
 		stdin, p.stdin = pr, pw
 	}
@@ -152,15 +176,59 @@ func (sb *sandbox) spawn(ctx context.Context, req *startRequest) (*process, *sub
 		er.Workdir = *req.Process.Cwd
 	}
 	er.User = basicUser(ctx)
+	if req.Pty != nil {
+		er.TTY = &api.TTYSize{}
+		if sz := req.Pty.Size; sz != nil {
+			er.TTY.Rows, er.TTY.Cols = clampDim(sz.Rows), clampDim(sz.Cols)
+		}
+		p.tty = make(chan api.TTYInput)
+	}
 	sub := p.subscribe()
 	go sb.run(p, er, stdin)
+	select {
+	case <-p.started:
+	case <-time.After(startWait):
+		sb.register(p, 0)
+	case <-ctx.Done():
+		sb.register(p, 0) // the command goes on; Connect and List find it
+		p.unsubscribe(sub)
+		return nil, nil, ctx.Err()
+	}
 	return p, sub, nil
+}
+
+// clampDim makes a terminal dimension fit a window size field.
+func clampDim(n uint32) uint16 { return uint16(min(n, 1<<16-1)) }
+
+// register gives p its pid (a synthetic handle when pid is not positive) and makes it
+// addressable, once: later calls do nothing. A process of the sandbox still registered under
+// the same pid has ended (the pid was reused) and is replaced.
+func (sb *sandbox) register(p *process, pid int) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if p.pid != 0 {
+		return
+	}
+	if pid <= 0 || pid >= syntheticPid {
+		pid = syntheticPid + int(p.seq)
+	}
+	p.pid = uint32(pid)
+	sb.procs[p.pid] = p
+	close(p.started)
 }
 
 // run executes the command and publishes its end.
 func (sb *sandbox) run(p *process, er api.ExecRequest, stdin io.Reader) {
 	defer p.cancel()
-	st, err := sb.g.b.Exec(p.ctx, sb.id, er, stdin, outWriter{p: p}, outWriter{p: p, stderr: true})
+	started := func(pid int) { sb.register(p, pid) }
+	var st api.ExitStatus
+	var err error
+	if p.tty != nil {
+		st, err = sb.g.b.ExecTTY(p.ctx, sb.id, er, started, p.tty, outWriter{p: p, pty: true})
+	} else {
+		st, err = sb.g.b.ExecNotify(p.ctx, sb.id, er, started, stdin, outWriter{p: p}, outWriter{p: p, stderr: true})
+	}
+	sb.register(p, st.Pid) // not started, or no start report: the start event still needs a pid
 	end := &endEvent{ExitCode: int32(st.Code), Exited: true, Status: "exit status " + strconv.Itoa(st.Code)}
 	switch {
 	case err != nil && p.ctx.Err() != nil && sb.ctx.Err() == nil: // killed through the API
@@ -184,7 +252,9 @@ func (sb *sandbox) run(p *process, er api.ExecRequest, stdin io.Reader) {
 	p.publish(processEvent{End: end})
 	close(p.done)
 	sb.mu.Lock()
-	delete(sb.procs, p.pid)
+	if sb.procs[p.pid] == p {
+		delete(sb.procs, p.pid)
+	}
 	sb.mu.Unlock()
 	if err != nil {
 		log.L(sb.ctx).Warn("e2b command failed", "sandbox", sb.id, "error", err)
@@ -235,17 +305,30 @@ func follow(ctx context.Context, p *process, sub *subscriber, s *stream, ka time
 }
 
 // argv turns a process config into a command line. The SDK runs commands as
-// `/bin/bash -l -c CMD`; a sandbox image without bash runs them with `/bin/sh -c CMD`.
+// `/bin/bash -l -c CMD` and terminals as `/bin/bash -i -l`; a sandbox image without bash runs
+// them with /bin/sh and the same options but -l (`/bin/sh -c CMD`, `/bin/sh -i`): a login
+// shell of a minimal image (busybox) would read a profile written for bash, if any.
 func (sb *sandbox) argv(ctx context.Context, c processConfig) []string {
 	argv := append([]string{c.Cmd}, c.Args...)
 	if c.Cmd != "/bin/bash" || sb.shellFor(ctx) == "/bin/bash" {
 		return argv
 	}
-	args := c.Args
-	if len(args) > 0 && args[0] == "-l" {
-		args = args[1:]
+	return shArgv(c.Args)
+}
+
+// shArgv is the /bin/sh command line standing in for /bin/bash with args: the options before
+// -c (or before the first operand) lose -l and --login; the rest is kept as it is.
+func shArgv(args []string) []string {
+	out := []string{"/bin/sh"}
+	for i, a := range args {
+		if a == "-c" || a == "--" || !strings.HasPrefix(a, "-") {
+			return append(out, args[i:]...)
+		}
+		if a != "-l" && a != "--login" {
+			out = append(out, a)
+		}
 	}
-	return append([]string{"/bin/sh"}, args...)
+	return out
 }
 
 // shellFor finds out once whether the sandbox has /bin/bash.
@@ -319,8 +402,18 @@ func (g *Gateway) sendInput(ctx context.Context, sb *sandbox, req *sendInputRequ
 	if err != nil {
 		return nil, err
 	}
+	if p.tty != nil { // a terminal: what is typed on it (the SDK sends pty bytes)
+		data := req.Input.Pty
+		if len(data) == 0 {
+			data = req.Input.Stdin
+		}
+		if len(data) == 0 {
+			return &empty{}, nil
+		}
+		return &empty{}, p.typeInput(ctx, api.TTYInput{Stdin: data}, false)
+	}
 	if len(req.Input.Pty) > 0 {
-		return nil, fmt.Errorf("PTY input: DeltaBox sandboxes have no PTY: %w", errUnimplemented)
+		return nil, fmt.Errorf("process %d has no terminal (start it with pty): %w", p.pid, errdefs.ErrFailedPrecondition)
 	}
 	if p.stdin == nil {
 		return nil, fmt.Errorf("process %d was started without stdin (pass stdin: true): %w", p.pid, errdefs.ErrFailedPrecondition)
@@ -338,10 +431,60 @@ func (g *Gateway) sendInput(ctx context.Context, sb *sandbox, req *sendInputRequ
 	}
 }
 
+// typeInput hands in to the process's terminal, in the order the calls came; last says it is
+// the last input the terminal takes (CloseStdin's Ctrl-D).
+func (p *process) typeInput(ctx context.Context, in api.TTYInput, last bool) error {
+	p.ttyMu.Lock()
+	defer p.ttyMu.Unlock()
+	if p.ttyEOF {
+		return fmt.Errorf("the terminal of process %d was closed (CloseStdin): %w", p.pid, errdefs.ErrFailedPrecondition)
+	}
+	select {
+	case p.tty <- in:
+		p.ttyEOF = last
+		return nil
+	case <-p.done:
+		return fmt.Errorf("process %d ended: %w", p.pid, errdefs.ErrNotFound)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// updateProcess resizes a process's terminal (the SDK's pty.resize); the terminal's
+// foreground process group gets SIGWINCH.
+func (g *Gateway) updateProcess(ctx context.Context, sb *sandbox, req *updateRequest) (*empty, error) {
+	p, err := sb.process(req.Process)
+	if err != nil {
+		return nil, err
+	}
+	if p.tty == nil {
+		return nil, fmt.Errorf("process %d has no terminal to resize (start it with pty): %w", p.pid, errdefs.ErrFailedPrecondition)
+	}
+	if req.Pty == nil || req.Pty.Size == nil || req.Pty.Size.Rows == 0 || req.Pty.Size.Cols == 0 {
+		return nil, fmt.Errorf("update: pty.size needs rows and cols: %w", errdefs.ErrInvalidArgument)
+	}
+	size := api.TTYSize{Rows: clampDim(req.Pty.Size.Rows), Cols: clampDim(req.Pty.Size.Cols)}
+	return &empty{}, p.typeInput(ctx, api.TTYInput{Resize: &size}, false)
+}
+
+// closeStdin closes a command's stdin; on a terminal it types Ctrl-D, as a user ending the
+// input would: the end of input for a program reading lines in canonical mode, and for a
+// line editor (an interactive shell's, which reads in raw mode) on an empty line; the
+// terminal then takes no more input. (The init's own EOF, FrameStdinEOF, types nothing in raw
+// mode, so the input channel is not closed for it.)
 func (g *Gateway) closeStdin(ctx context.Context, sb *sandbox, req *closeStdinRequest) (*empty, error) {
 	p, err := sb.process(req.Process)
 	if err != nil {
 		return nil, err
+	}
+	if p.tty != nil {
+		p.ttyMu.Lock()
+		eof := p.ttyEOF
+		p.ttyMu.Unlock()
+		if eof {
+			return &empty{}, nil
+		}
+		return &empty{}, p.typeInput(ctx, api.TTYInput{Stdin: []byte{ctrlD}}, true)
 	}
 	if p.stdin != nil {
 		p.stdin.Close()
@@ -349,14 +492,20 @@ func (g *Gateway) closeStdin(ctx context.Context, sb *sandbox, req *closeStdinRe
 	return &empty{}, nil
 }
 
-// sendSignal kills the process (SIGKILL or SIGTERM: the init kills with SIGKILL either way).
+// sendSignal signals the process: SIGKILL kills it and its descendants, SIGTERM is sent once
+// to them (a command that traps it can clean up and exit as it likes).
 func (g *Gateway) sendSignal(ctx context.Context, sb *sandbox, req *sendSignalRequest) (*empty, error) {
 	p, err := sb.process(req.Process)
 	if err != nil {
 		return nil, err
 	}
 	switch req.Signal {
-	case "SIGNAL_SIGKILL", "SIGNAL_SIGTERM", float64(9), float64(15):
+	case "SIGNAL_SIGKILL", float64(9):
+	case "SIGNAL_SIGTERM", float64(15):
+		if _, err := g.b.SignalTag(ctx, sb.id, p.tag, "SIGTERM"); err != nil && !errdefs.IsNotFound(err) {
+			return nil, err
+		}
+		return &empty{}, nil
 	default:
 		return nil, fmt.Errorf("signal %v: want SIGKILL or SIGTERM: %w", req.Signal, errdefs.ErrInvalidArgument)
 	}

@@ -48,8 +48,8 @@ type sandbox struct {
 	timer    *time.Timer
 	paused   bool
 	gone     bool
-	procs    map[uint32]*process
-	nextPid  uint32
+	procs    map[uint32]*process // by pid (see process.pid)
+	seq      uint32              // numbers the gateway's processes (their tags)
 	watchers map[string]*watcher
 	shell    string // resolved once: /bin/bash or /bin/sh
 	// the previous metrics sample (CPU use is reported between samples)
@@ -147,7 +147,7 @@ func (g *Gateway) newSandbox(id, template, tenant, workdir string) *sandbox {
 		workdir = "/"
 	}
 	return &sandbox{g: g, id: id, template: template, tenant: tenant, metadata: map[string]string{},
-		started: time.Now(), workdir: workdir, procs: map[uint32]*process{}, nextPid: 1000,
+		started: time.Now(), workdir: workdir, procs: map[uint32]*process{},
 		watchers: map[string]*watcher{}, ctx: ctx, cancel: cancel}
 }
 

@@ -148,7 +148,7 @@ type sendInputRequest struct {
 
 type sendSignalRequest struct {
 	Process processSelector `json:"process"`
-	Signal  any             `json:"signal"` // "SIGNAL_SIGKILL" or 9
+	Signal  any             `json:"signal"` // "SIGNAL_SIGKILL" or 9, "SIGNAL_SIGTERM" or 15
 }
 
 type closeStdinRequest struct {
@@ -179,6 +179,7 @@ type startEvent struct {
 type dataEvent struct {
 	Stdout []byte `json:"stdout,omitempty"`
 	Stderr []byte `json:"stderr,omitempty"`
+	Pty    []byte `json:"pty,omitempty"`
 }
 
 type endEvent struct {

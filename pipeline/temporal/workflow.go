@@ -151,6 +151,11 @@ func (w *taskFlow) onNode() error {
 	s, err := workflow.CreateSession(ctx, &workflow.SessionOptions{
 		CreationTimeout: w.in.LeaseTimeout, ExecutionTimeout: sessionLifetime, HeartbeatTimeout: w.in.NodeTimeout})
 	if err != nil {
+		if w.root.Err() == nil && sessionNodeLost(err) {
+			// A node took the session and went away while making it (killed, or its worker
+			// stopped): another node may take it.
+			return &errNodeLost{err: fmt.Errorf("the node that took the task's session went away: %w", err)}
+		}
 		return fmt.Errorf("no node of task queue %q took the task within %s: %w", w.in.Queue, w.in.LeaseTimeout, err)
 	}
 	defer workflow.CompleteSession(s)
@@ -189,6 +194,18 @@ func (w *taskFlow) call(name string, in, out any) error {
 		return &errNodeLost{node: w.node, err: err}
 	}
 	return err
+}
+
+// sessionNodeLost reports whether a failed session creation says the node that took it went
+// away (its creation activity stopped heartbeating or was cancelled), rather than that no
+// node took it in time (a schedule-to-start timeout: the task's lease timeout).
+func sessionNodeLost(err error) bool {
+	var te *sdktemporal.TimeoutError
+	if errors.As(err, &te) {
+		return te.TimeoutType() == enumspb.TIMEOUT_TYPE_HEARTBEAT
+	}
+	var ce *sdktemporal.CanceledError
+	return errors.As(err, &ce)
 }
 
 // nodeLost reports whether err says the session's worker is gone rather than the activity

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/mock"
+	enumspb "go.temporal.io/api/enums/v1"
 	sdktemporal "go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/worker"
@@ -172,5 +173,24 @@ func TestWorkflowCancelReleases(t *testing.T) {
 	})
 	if res.Status != pipeline.StatusInterrupted || f.released != 1 || res.Rollbacks != 1 {
 		t.Fatalf("result %+v, released %d times", res, f.released)
+	}
+}
+
+// A session whose node went away while making it (heartbeat timeout, cancellation) is a lost
+// node, tried again elsewhere; one no node took within the lease timeout is not.
+func TestSessionNodeLost(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		lost bool
+	}{
+		{sdktemporal.NewTimeoutError(enumspb.TIMEOUT_TYPE_HEARTBEAT, nil), true},
+		{fmt.Errorf("activity error: %w", sdktemporal.NewTimeoutError(enumspb.TIMEOUT_TYPE_HEARTBEAT, nil)), true},
+		{sdktemporal.NewCanceledError(), true},
+		{sdktemporal.NewTimeoutError(enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START, nil), false},
+		{fmt.Errorf("something else"), false},
+	} {
+		if got := sessionNodeLost(c.err); got != c.lost {
+			t.Errorf("sessionNodeLost(%v) = %v, want %v", c.err, got, c.lost)
+		}
 	}
 }

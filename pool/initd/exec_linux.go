@@ -38,10 +38,31 @@ func (s *Server) handleExec(ctx context.Context, sess session, req *initproto.Ex
 		replyError(fw, initproto.CodeInternal, err)
 		return
 	}
+	var d *detached
+	if req.Detach != "" {
+		if req.Stdin {
+			err = errors.New("a detached exec takes no stdin")
+		} else {
+			d, err = s.reserveDetached(req.Detach)
+		}
+		if err != nil {
+			io.close()
+			replyError(fw, initproto.CodeInvalidArgument, err)
+			return
+		}
+	}
 	p, err := s.spawn(sp, req.Tag, io)
 	if err != nil {
 		io.close()
+		s.dropDetached(d)
 		replyStartError(fw, err)
+		return
+	}
+	if req.ReportStart {
+		_ = fw.WriteJSON(initproto.FrameStarted, initproto.Started{Pid: p.pid})
+	}
+	if d != nil {
+		s.superviseDetached(ctx, sess, d, p, io, req)
 		return
 	}
 	st := s.supervise(ctx, sess, p, io, req)
@@ -254,13 +275,19 @@ type pump struct {
 	busy      atomic.Bool // forwarding data (or about to read: see pending)
 }
 
-func startPump(f *os.File, t initproto.FrameType, fw *initproto.FrameWriter, limit int64) *pump {
+// frameSink takes an exec's output frames: the client's FrameWriter, or a detached exec's
+// buffer (detached).
+type frameSink interface {
+	Write(t initproto.FrameType, payload []byte) error
+}
+
+func startPump(f *os.File, t initproto.FrameType, fw frameSink, limit int64) *pump {
 	p := &pump{f: f, done: make(chan struct{})}
 	go p.run(f, t, fw, limit)
 	return p
 }
 
-func (p *pump) run(f *os.File, t initproto.FrameType, fw *initproto.FrameWriter, limit int64) {
+func (p *pump) run(f *os.File, t initproto.FrameType, fw frameSink, limit int64) {
 	defer close(p.done)
 	defer f.Close()
 	buf := make([]byte, pumpBuffer)

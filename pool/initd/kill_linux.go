@@ -25,16 +25,52 @@ func (s *Server) handleKill(ctx context.Context, fw *initproto.FrameWriter, req 
 		replyError(fw, initproto.CodeInvalidArgument, fmt.Errorf("kill: want exactly one of tag or all"))
 		return
 	}
+	sel := killSelector{all: req.All, tag: req.Tag}
+	if req.Signal != "" && req.Signal != "SIGKILL" {
+		sig, ok := softSignals[req.Signal]
+		if !ok {
+			replyError(fw, initproto.CodeInvalidArgument, fmt.Errorf("kill: signal %q: want SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2", req.Signal))
+			return
+		}
+		s.signal(fw, sel, sig)
+		return
+	}
 	timeout := req.Timeout
 	if timeout == 0 {
 		timeout = s.killTimeout
 	}
-	killed, err := s.kill(ctx, killSelector{all: req.All, tag: req.Tag}, timeout)
+	killed, err := s.kill(ctx, sel, timeout)
 	if err != nil {
 		replyError(fw, initproto.CodeUnavailable, err)
 		return
 	}
+	if req.All {
+		s.forgetDetached()
+	}
 	_ = fw.Final(initproto.FrameResult, initproto.KillResponse{Killed: killed})
+}
+
+// softSignals are the signals a kill may send instead of SIGKILL.
+var softSignals = map[string]unix.Signal{
+	"SIGTERM": unix.SIGTERM, "SIGINT": unix.SIGINT, "SIGHUP": unix.SIGHUP, "SIGQUIT": unix.SIGQUIT,
+	"SIGUSR1": unix.SIGUSR1, "SIGUSR2": unix.SIGUSR2,
+}
+
+// signal sends sig once to every process sel selects (a tag's process groups and their
+// descendants) and answers at once: the processes decide what to do with it.
+func (s *Server) signal(fw *initproto.FrameWriter, sel killSelector, sig unix.Signal) {
+	targets, err := s.targets(sel)
+	if err != nil {
+		replyError(fw, initproto.CodeUnavailable, err)
+		return
+	}
+	sent := []int{}
+	for _, pid := range targets {
+		if unix.Kill(pid, sig) == nil {
+			sent = append(sent, pid)
+		}
+	}
+	_ = fw.Final(initproto.FrameResult, initproto.KillResponse{Killed: sent})
 }
 
 // KillAll sends SIGKILL to every process of the sandbox but the init and waits until they

@@ -41,6 +41,16 @@ func (r *reaper) start(fork func() (int, error)) (int, <-chan unix.WaitStatus, e
 	return pid, ch, nil
 }
 
+// adopt registers a child the init had before it executed itself again (reexec_linux.go);
+// it must be called before the reaper runs. The returned channel receives its wait status.
+func (r *reaper) adopt(pid int) <-chan unix.WaitStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := make(chan unix.WaitStatus, 1)
+	r.waiting[pid] = ch
+	return ch
+}
+
 // reapAll collects every exited child without blocking.
 func (r *reaper) reapAll() {
 	r.mu.Lock()

@@ -2,8 +2,8 @@
 
 // Package initd is the server side of the sandbox init (cmd/deltabox-init): it reaps
 // zombies as PID 1 (or as a child subreaper), listens on the init socket and serves the
-// pool/initproto protocol: exec in its own process group with streamed output, procs, kill
-// and ping. It runs inside the sandbox, so it must stay dependency-light (x/sys and the
+// pool/initproto protocol: exec in its own process group with streamed output (on pipes, or
+// on a pseudo-terminal of the sandbox's devpts), procs, kill and ping. It runs inside the sandbox, so it must stay dependency-light (x/sys and the
 // protocol package only), must never wait for a child outside its reaper, and knows
 // nothing about containerd or the host.
 package initd
@@ -49,8 +49,11 @@ type Server struct {
 
 	handlers sync.WaitGroup
 
-	mu    sync.Mutex
-	execs map[int]*process // running execs by pid
+	resume *ResumeState // what the previous image of the init handed over (WithResume)
+
+	mu       sync.Mutex
+	execs    map[int]*process     // running execs by pid
+	detached map[string]*detached // detached execs by key (see detach_linux.go)
 }
 
 // Option configures a Server.
@@ -136,6 +139,7 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	}
 	rctx, stopReaper := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopReaper()
+	s.adoptResumed(ctx)
 	go s.reaper.run(rctx)
 	err := s.serve(ctx, l)
 	return errors.Join(err, s.shutdown())
@@ -185,6 +189,7 @@ func (s *Server) listening(ctx context.Context, l *net.UnixListener) error {
 // returns nil when ctx ends first. A failed listen is logged and leaves the init parked until
 // the next unpark or timeout.
 func (s *Server) parked(ctx context.Context, path string) *net.UnixListener {
+	before, _ := startTime()
 	for {
 		timeout := time.NewTimer(s.parkMax)
 		select {
@@ -196,6 +201,12 @@ func (s *Server) parked(ctx context.Context, path string) *net.UnixListener {
 			s.log.Warn("listener parked too long without an unpark; listening again", "after", s.parkMax)
 		}
 		timeout.Stop()
+		if now, err := startTime(); err == nil && before != 0 && now != before {
+			// CRIU restored this process while it was parked (reexec_linux.go).
+			err := s.reexec()
+			s.log.Error("restored: execute the init again", "error", err)
+			before = now
+		}
 		l, err := Listen(path)
 		if err == nil {
 			return l
@@ -286,7 +297,15 @@ func (s *Server) handle(ctx context.Context, conn *net.UnixConn) {
 		default: // a park is already pending
 		}
 	case initproto.OpExec:
+		if req.Exec != nil && req.Exec.TTY != nil {
+			replyError(fw, initproto.CodeInvalidArgument, errors.New("exec with a terminal size: use op exec-tty"))
+			return
+		}
 		s.handleExec(ctx, session{conn: conn, br: br, fw: fw}, req.Exec)
+	case initproto.OpExecTTY:
+		s.handleExecTTY(ctx, session{conn: conn, br: br, fw: fw}, req.Exec)
+	case initproto.OpAttach:
+		s.handleAttach(session{conn: conn, br: br, fw: fw}, req.Attach)
 	default:
 		replyError(fw, initproto.CodeInvalidArgument, fmt.Errorf("unknown op %q", req.Op))
 	}

@@ -38,6 +38,7 @@ type spec struct {
 	env  []string
 	dir  string
 	cred *syscall.Credential
+	tty  bool // stdin is a terminal: a new session with it as the controlling terminal
 }
 
 // prepare validates req and resolves its user, environment, binary and workdir.
@@ -233,13 +234,14 @@ func (p *pipes) close() {
 	}
 }
 
-// spawn forks sp in its own process group through the reaper and registers it.
+// spawn forks sp in its own process group (a terminal exec: its own session, whose process
+// group has the same id) through the reaper and registers it.
 func (s *Server) spawn(sp spec, tag string, io *pipes) (*process, error) {
 	attr := &syscall.ProcAttr{
 		Dir:   sp.dir,
 		Env:   sp.env,
 		Files: io.fds(),
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: sp.cred},
+		Sys:   &syscall.SysProcAttr{Setpgid: !sp.tty, Setsid: sp.tty, Setctty: sp.tty, Credential: sp.cred},
 	}
 	pid, ch, err := s.reaper.start(func() (int, error) {
 		return syscall.ForkExec(sp.path, sp.argv, attr)

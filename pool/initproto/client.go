@@ -78,7 +78,8 @@ func (c *Client) Procs(ctx context.Context) ([]ProcInfo, error) {
 	return resp.Procs, nil
 }
 
-// Kill sends SIGKILL to the processes selected by req and waits until they are gone.
+// Kill sends SIGKILL to the processes selected by req and waits until they are gone; with
+// req.Signal it sends that signal once and does not wait.
 func (c *Client) Kill(ctx context.Context, req KillRequest) (KillResponse, error) {
 	if (req.Tag == "") == !req.All {
 		return KillResponse{}, fmt.Errorf("kill: exactly one of tag or all: %w", errdefs.ErrInvalidArgument)
@@ -214,6 +215,8 @@ func codeError(code string) error {
 		return errdefs.ErrFailedPrecondition
 	case CodeUnavailable:
 		return errdefs.ErrUnavailable
+	case CodeNotFound:
+		return errdefs.ErrNotFound
 	}
 	return errdefs.ErrInternal
 }

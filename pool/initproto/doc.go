@@ -14,7 +14,8 @@
 //
 // The client sends one JSON object ([Request]) terminated by '\n', at most [MaxRequestSize]
 // bytes. Its "v" field carries [Version]; a server that speaks another version answers with
-// an error frame (code "failed_precondition"). Ops: "ping", "procs", "kill", "exec".
+// an error frame (code "failed_precondition"). Ops: "ping", "procs", "kill", "exec",
+// "exec-tty", "park", "attach".
 //
 // # Frames
 //
@@ -33,9 +34,31 @@
 //     the command wrote them per stream), then exactly one [FrameExit] (JSON: [ExitStatus]).
 //     A malformed request gets a [FrameError] instead. A command that cannot be started
 //     (missing binary, bad workdir, unknown user) still gets a [FrameExit] with Error set and
-//     Code 127 (not found) or 126 (any other start failure), like a shell.
+//     Code 127 (not found) or 126 (any other start failure), like a shell. With
+//     ExecRequest.ReportStart a [FrameStarted] (JSON: [Started], the pid) comes first.
+//   - exec with ExecRequest.Detach: as exec, but closing the connection does not kill the
+//     command; "attach" (AttachRequest: the key, and the stdout and stderr bytes the client
+//     has) answers with the output from there that the init still holds (the last
+//     [DetachWindow] bytes per stream), then follows the command like exec, to its
+//     [FrameExit]. An unknown key gets a [FrameError] with code "not_found".
+//   - kill with KillRequest.Signal (SIGTERM and the like): the signal is sent once to the
+//     selected processes and the answer comes at once; a trapping command can clean up.
 //
-// Data frames are at most [MaxDataFrame] bytes, JSON frames at most [MaxJSONFrame] bytes.
+// exec-tty ([OpExecTTY], ExecRequest.TTY set) runs the command on a new pseudo-terminal of
+// the sandbox's own devpts instance: the init opens /dev/ptmx, unlocks it, opens the
+// terminal's other end and starts the command as the leader of a new session with that
+// terminal as its controlling terminal and stdin, stdout and stderr. The client may send
+// [FrameStdin] (bytes typed on the terminal: a 0x03 reaches the foreground process group as
+// SIGINT through the line discipline), [FrameResize] (4 bytes: rows and columns as
+// big-endian uint16s; the foreground process group gets SIGWINCH) and [FrameStdinEOF] (the
+// terminal's EOF character, Ctrl-D, is typed when the terminal is in canonical mode). The
+// server answers with [FrameStdout] frames (everything the terminal shows: stdout and stderr
+// are one stream) and the [FrameExit], with ExecRequest.ReportStart a [FrameStarted] first
+// (an init that predates it on exec-tty sends none). An init that predates exec-tty answers with an error
+// frame ("unknown op"), never with a command run on pipes.
+//
+// Data frames are at most [MaxDataFrame] bytes, JSON frames at most [MaxJSONFrame] bytes,
+// resize frames exactly 4 bytes.
 //
 // # Trust
 //

@@ -22,10 +22,18 @@ const stdinChunk = 32 << 10
 // A command that ran (whatever its exit code) or could not be started returns a nil error
 // and the status; errors are transport, protocol or request failures.
 func (c *Client) Exec(ctx context.Context, req ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (ExitStatus, error) {
+	return c.ExecNotify(ctx, req, nil, stdin, stdout, stderr)
+}
+
+// ExecNotify is Exec that calls started with the command's pid in the sandbox once it runs,
+// before any output (not at all when it could not be started, or when the init predates
+// FrameStarted).
+func (c *Client) ExecNotify(ctx context.Context, req ExecRequest, started func(pid int), stdin io.Reader, stdout, stderr io.Writer) (ExitStatus, error) {
 	if len(req.Argv) == 0 {
 		return ExitStatus{}, fmt.Errorf("exec: empty argv: %w", errdefs.ErrInvalidArgument)
 	}
 	req.Stdin = stdin != nil
+	req.ReportStart = started != nil
 	conn, done, err := c.open(ctx)
 	if err != nil {
 		return ExitStatus{}, fmt.Errorf("exec %q: %w", req.Argv[0], err)
@@ -37,9 +45,30 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdin io.Reader, std
 	if stdin != nil {
 		go sendStdin(conn, stdin)
 	}
-	st, err := readExec(conn, req.OutputCap, stdout, stderr)
+	st, err := readExec(conn, req.OutputCap, started, stdout, stderr)
 	if err != nil {
 		return ExitStatus{}, fmt.Errorf("exec %q: %w", req.Argv[0], ctxErr(ctx, err))
+	}
+	return st, nil
+}
+
+// Attach follows the detached exec named key again (see ExecRequest.Detach): its output from
+// the offsets in from (bytes of stdout and stderr the caller already has) to stdout and
+// stderr, then its exit status. Output the init no longer holds is skipped and the status
+// says the stream was truncated. A key the init does not hold fails with a not-found error.
+// Cancelling ctx leaves the command running.
+func (c *Client) Attach(ctx context.Context, key string, from [2]int64, stdout, stderr io.Writer) (ExitStatus, error) {
+	conn, done, err := c.open(ctx)
+	if err != nil {
+		return ExitStatus{}, fmt.Errorf("attach %q: %w", key, err)
+	}
+	defer done()
+	if err := sendRequest(conn, Request{Op: OpAttach, Attach: &AttachRequest{Key: key, From: from}}); err != nil {
+		return ExitStatus{}, fmt.Errorf("attach %q: %w", key, ctxErr(ctx, err))
+	}
+	st, err := readExec(conn, 0, nil, stdout, stderr)
+	if err != nil {
+		return ExitStatus{}, fmt.Errorf("attach %q: %w", key, ctxErr(ctx, err))
 	}
 	return st, nil
 }
@@ -63,7 +92,7 @@ func sendStdin(conn net.Conn, r io.Reader) {
 }
 
 // readExec reads output frames until the exit frame.
-func readExec(conn net.Conn, limit int64, stdout, stderr io.Writer) (ExitStatus, error) {
+func readExec(conn net.Conn, limit int64, started func(int), stdout, stderr io.Writer) (ExitStatus, error) {
 	out, errw := newCapWriter(stdout, limit), newCapWriter(stderr, limit)
 	r := bufio.NewReaderSize(conn, 64<<10)
 	var buf []byte
@@ -77,6 +106,14 @@ func readExec(conn net.Conn, limit int64, stdout, stderr io.Writer) (ExitStatus,
 			err = out.write(payload)
 		case FrameStderr:
 			err = errw.write(payload)
+		case FrameStarted:
+			var st Started
+			if err := DecodeJSON(payload, &st); err != nil {
+				return ExitStatus{}, err
+			}
+			if started != nil {
+				started(st.Pid)
+			}
 		case FrameExit:
 			return exitStatus(payload, out.truncated, errw.truncated)
 		case FrameError:

@@ -24,6 +24,8 @@ const (
 	FrameExit     FrameType = 5 // server -> client: ExitStatus JSON, last frame of an exec
 	FrameResult   FrameType = 6 // server -> client: result JSON of ping/procs/kill
 	FrameError    FrameType = 7 // server -> client: ErrorResponse JSON
+	FrameResize   FrameType = 8 // client -> server (OpExecTTY): new window size, EncodeResize
+	FrameStarted  FrameType = 9 // server -> client: Started JSON (exec with ReportStart)
 )
 
 const headerSize = 5
@@ -38,7 +40,9 @@ func maxPayload(t FrameType) int {
 		return MaxDataFrame
 	case FrameStdinEOF:
 		return 0
-	case FrameExit, FrameResult, FrameError:
+	case FrameResize:
+		return resizeSize
+	case FrameExit, FrameResult, FrameError, FrameStarted:
 		return MaxJSONFrame
 	}
 	return -1
@@ -167,6 +171,15 @@ func (fw *FrameWriter) Write(t FrameType, payload []byte) error {
 		fw.err = WriteFrame(fw.w, t, payload)
 	}
 	return fw.err
+}
+
+// WriteJSON writes one JSON frame (not the last one).
+func (fw *FrameWriter) WriteJSON(t FrameType, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode frame: %w", err)
+	}
+	return fw.Write(t, b)
 }
 
 // Final writes a last JSON frame and closes the writer for everyone else.

@@ -1,6 +1,7 @@
 package initproto
 
 import (
+	"fmt"
 	"syscall"
 	"time"
 )
@@ -42,14 +43,23 @@ const (
 	OpKill  Op = "kill"
 	OpExec  Op = "exec"
 	OpPark  Op = "park" // answer, then close the listener until UnparkSignal
+	// OpExecTTY runs ExecRequest (with TTY set) on a new pseudo-terminal. It is an op of its
+	// own, not a field of OpExec, so that an init that predates terminals (an L3 snapshot
+	// restores the init binary it was dumped with) refuses it ("unknown op") instead of
+	// running the command on pipes.
+	OpExecTTY Op = "exec-tty"
+	// OpAttach follows a detached exec (ExecRequest.Detach) again: its output from the
+	// given offsets, then its exit frame.
+	OpAttach Op = "attach"
 )
 
 // Request is the JSON line a client sends first on every connection.
 type Request struct {
-	Version int          `json:"v"`
-	Op      Op           `json:"op"`
-	Exec    *ExecRequest `json:"exec,omitempty"`
-	Kill    *KillRequest `json:"kill,omitempty"`
+	Version int            `json:"v"`
+	Op      Op             `json:"op"`
+	Exec    *ExecRequest   `json:"exec,omitempty"`
+	Kill    *KillRequest   `json:"kill,omitempty"`
+	Attach  *AttachRequest `json:"attach,omitempty"`
 }
 
 // ExecRequest describes one command to run in the sandbox.
@@ -70,6 +80,72 @@ type ExecRequest struct {
 	OutputCap int64 `json:"output_cap,omitempty"`
 	// Tag is an opaque label grouping processes (kill by tag, procs).
 	Tag string `json:"tag,omitempty"`
+	// TTY is the initial window size of the terminal of an OpExecTTY request (nil for OpExec;
+	// zero rows or columns take 24x80).
+	TTY *WinSize `json:"tty,omitempty"`
+	// ReportStart asks for a FrameStarted (JSON: Started) once the command runs, before any
+	// output: its pid in the sandbox.
+	ReportStart bool `json:"report_start,omitempty"`
+	// Detach, when set, is a key naming a detached exec: the command keeps running when the
+	// client goes away (instead of being killed), its recent output is kept (DetachWindow
+	// bytes per stream) and OpAttach with the same key follows it again, e.g. from a
+	// restarted host daemon. The key must not name another detached exec the init still
+	// holds. A detached exec takes no stdin.
+	Detach string `json:"detach,omitempty"`
+}
+
+// WinSize is a terminal's window size in character cells.
+type WinSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// WithDefaults returns ws with zero dimensions replaced by 24 rows and 80 columns.
+func (ws WinSize) WithDefaults() WinSize {
+	if ws.Rows == 0 {
+		ws.Rows = 24
+	}
+	if ws.Cols == 0 {
+		ws.Cols = 80
+	}
+	return ws
+}
+
+// resizeSize is the payload size of FrameResize.
+const resizeSize = 4
+
+// EncodeResize returns the payload of a FrameResize: rows and columns, big-endian uint16s.
+func EncodeResize(ws WinSize) []byte {
+	return []byte{byte(ws.Rows >> 8), byte(ws.Rows), byte(ws.Cols >> 8), byte(ws.Cols)}
+}
+
+// DecodeResize reads a FrameResize payload.
+func DecodeResize(p []byte) (WinSize, error) {
+	if len(p) != resizeSize {
+		return WinSize{}, fmt.Errorf("resize frame of %d bytes, want %d: %w", len(p), resizeSize, ErrProtocol)
+	}
+	return WinSize{Rows: uint16(p[0])<<8 | uint16(p[1]), Cols: uint16(p[2])<<8 | uint16(p[3])}, nil
+}
+
+// DetachWindow is how much of each stream of a detached exec the init keeps for OpAttach:
+// output written while no client follows it, beyond this much, is lost (the exit status says
+// it was truncated).
+const DetachWindow = 256 << 10
+
+// MaxDetached bounds the detached execs an init holds, exited ones included (it forgets the
+// oldest exited ones first; a kill of all processes forgets them all).
+const MaxDetached = 64
+
+// Started is the payload of FrameStarted.
+type Started struct {
+	Pid int `json:"pid"`
+}
+
+// AttachRequest selects the detached exec OpAttach follows and where its output resumes:
+// From holds the stdout and stderr bytes the client already has.
+type AttachRequest struct {
+	Key  string   `json:"key"`
+	From [2]int64 `json:"from"`
 }
 
 // ExitStatus is the outcome of an exec.
@@ -118,7 +194,8 @@ type ProcsResponse struct {
 	Procs []ProcInfo `json:"procs"`
 }
 
-// KillRequest selects what OpKill kills with SIGKILL: exactly one of Tag or All.
+// KillRequest selects what OpKill kills with SIGKILL (or signals with Signal): exactly one of
+// Tag or All.
 type KillRequest struct {
 	// Tag kills the execs with this tag, their process groups and every process carrying
 	// TagEnv=Tag or descending from them.
@@ -127,11 +204,15 @@ type KillRequest struct {
 	All bool `json:"all,omitempty"`
 	// Timeout bounds the wait until the processes are gone (0: the server's default).
 	Timeout time.Duration `json:"timeout_ns,omitempty"`
+	// Signal, when set and not "SIGKILL", is sent once (SIGTERM, SIGINT, SIGHUP, SIGQUIT,
+	// SIGUSR1, SIGUSR2) to every selected process, without waiting for them to exit: a
+	// command that traps it can clean up.
+	Signal string `json:"signal,omitempty"`
 }
 
 // KillResponse answers OpKill.
 type KillResponse struct {
-	// Killed lists the pids that were sent SIGKILL.
+	// Killed lists the pids that were sent SIGKILL (or Signal).
 	Killed []int `json:"killed"`
 }
 
@@ -141,6 +222,7 @@ const (
 	CodeFailedPrecondition = "failed_precondition"
 	CodeUnavailable        = "unavailable"
 	CodeInternal           = "internal"
+	CodeNotFound           = "not_found"
 )
 
 // ErrorResponse is the payload of FrameError.

@@ -92,6 +92,10 @@ func (m *Manager) ProxyURL() string { return proxyURL(m.gateway, m.opts.ProxyPor
 // Subnet is the sandbox subnet.
 func (m *Manager) Subnet() netip.Prefix { return m.opts.Subnet }
 
+// Env returns the proxy environment of the sandboxes (Attachment.Env), for a spec written
+// before the sandbox is attached.
+func (m *Manager) Env() []string { return m.attachment("", netip.Addr{}).Env() }
+
 // NetNSPath returns where the sandbox's network namespace is (or would be) pinned.
 func (m *Manager) NetNSPath(id string) string {
 	return filepath.Join(m.opts.NetNSDir, m.opts.NetworkName+"-"+id)
@@ -101,7 +105,15 @@ func (m *Manager) NetNSPath(id string) string {
 type SetupOpt func(*setupConfig)
 
 type setupConfig struct {
-	from string // an existing network namespace to pin instead of a new one
+	from string     // an existing network namespace to pin instead of a new one
+	ip   netip.Addr // the address to ask IPAM for (zero: any free one)
+}
+
+// WithIP asks for the sandbox's address to be ip (a sandbox attached again, after its network
+// namespace was remade, keeps its address: the proxy and firewall know it by it). Setup fails
+// if IPAM has given ip to another sandbox meanwhile.
+func WithIP(ip netip.Addr) SetupOpt {
+	return func(c *setupConfig) { c.ip = ip }
 }
 
 // WithNetNSOf attaches the network namespace process pid is in instead of creating one: a
@@ -127,7 +139,7 @@ func (m *Manager) Setup(ctx context.Context, id string, opts ...SetupOpt) (Attac
 	if err := createNetNS(path, cfg.from); err != nil {
 		return Attachment{}, fmt.Errorf("set up network of sandbox %q: %w", id, err)
 	}
-	att, err := m.attach(ctx, id, path)
+	att, err := m.attach(ctx, id, path, cfg.ip)
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
@@ -140,8 +152,13 @@ func (m *Manager) Setup(ctx context.Context, id string, opts ...SetupOpt) (Attac
 	return att, nil
 }
 
-func (m *Manager) attach(ctx context.Context, id, path string) (Attachment, error) {
-	res, err := m.cni.Setup(ctx, id, path)
+func (m *Manager) attach(ctx context.Context, id, path string, want netip.Addr) (Attachment, error) {
+	var nsOpts []gocni.NamespaceOpts
+	if want.IsValid() {
+		// host-local takes the address from CNI_ARGS; the other plugins ignore it.
+		nsOpts = append(nsOpts, gocni.WithArgs("IgnoreUnknown", "1"), gocni.WithArgs("IP", want.String()))
+	}
+	res, err := m.cni.Setup(ctx, id, path, nsOpts...)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("CNI add: %w", classifyCNI(err))
 	}
@@ -151,6 +168,9 @@ func (m *Manager) attach(ctx context.Context, id, path string) (Attachment, erro
 	ip, err := sandboxIP(res)
 	if err != nil {
 		return Attachment{}, err
+	}
+	if want.IsValid() && ip != want {
+		return Attachment{}, fmt.Errorf("CNI add: asked for address %s, got %s: %w", want, ip, errdefs.ErrUnavailable)
 	}
 	veth, mac, err := sandboxPort(res, m.opts.Bridge)
 	if err != nil {

@@ -1,0 +1,148 @@
+//go:build linux
+
+package criu
+
+import (
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+)
+
+// TestBreakpointsTrapAgreesWithCRIU: the probe's answer is the one CRIU gets. Where the probe
+// says breakpoints trap, a dump of a plain process without CRIU_FAULT finishes; where it says
+// they do not, that dump hangs (killed after 10 s) and one with CRIU_FAULT=130 finishes.
+func TestBreakpointsTrapAgreesWithCRIU(t *testing.T) {
+	testutil.RequiresRoot(t)
+	testutil.RequiresBinary(t, "criu")
+	ok, err := BreakpointsTrap(time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("hardware breakpoints trap on this host: %v", ok)
+	// dump returns nil when CRIU finished and the exit code otherwise (124: killed by timeout).
+	dump := func(env ...string) error {
+		sleep := exec.Command("sleep", "100")
+		// Its own session: CRIU refuses a task whose session leader it cannot see (CI runs the
+		// tests in a pid namespace whose session leader is outside it).
+		sleep.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := sleep.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { sleep.Process.Kill(); sleep.Wait() }()
+		time.Sleep(100 * time.Millisecond)
+		dir := t.TempDir()
+		cmd := exec.Command("timeout", "10", "criu", "dump", "-t", strconv.Itoa(sleep.Process.Pid), "-D", dir, "--shell-job", "--leave-running", "-o", "dump.log", "-v4")
+		cmd.Env = append(os.Environ(), env...)
+		err := cmd.Run()
+		if err != nil {
+			log, _ := os.ReadFile(filepath.Join(dir, "dump.log"))
+			t.Logf("criu dump %v: %v; log tail: %s", env, err, lastBytes(string(log), 300))
+		}
+		return err
+	}
+	if ok {
+		if err := dump(); err != nil {
+			t.Fatalf("the probe says breakpoints trap but a CRIU dump without CRIU_FAULT failed: %v", err)
+		}
+		return
+	}
+	var exit *exec.ExitError
+	if err := dump(); err == nil {
+		t.Fatal("the probe says breakpoints do not trap but a CRIU dump without CRIU_FAULT finished")
+	} else if !errors.As(err, &exit) || exit.ExitCode() != 124 {
+		t.Fatalf("the probe says breakpoints do not trap: a CRIU dump without CRIU_FAULT should hang until killed (exit 124), got %v", err)
+	}
+	if err := dump(NoBreakpointsEnv); err != nil {
+		t.Fatalf("a CRIU dump with %s failed: %v", NoBreakpointsEnv, err)
+	}
+}
+
+// TestPeerEnvHas finds a unix socket server's environment through SO_PEERCRED.
+func TestPeerEnvHas(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	has, err := PeerEnvHas(path, "PATH="+os.Getenv("PATH"))
+	if err != nil || !has {
+		t.Fatalf("PATH of the test process not found: %v %v", has, err)
+	}
+	if has, err := PeerEnvHas(path, "DELTABOX_NO_SUCH=1"); err != nil || has {
+		t.Fatalf("a variable the process lacks was found: %v %v", has, err)
+	}
+}
+
+func lastBytes(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// TestCheckBreakpoints: L3 stays on where breakpoints trap or containerd (here a stand-in
+// serving a unix socket) runs with CRIU_FAULT=130, and goes off, naming the variable, where
+// neither holds.
+func TestCheckBreakpoints(t *testing.T) {
+	testutil.RequiresRoot(t)
+	testutil.RequiresBinary(t, "python3")
+	traps, err := BreakpointsTrap(time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := func(env ...string) string {
+		path := filepath.Join(t.TempDir(), "c.sock")
+		cmd := exec.Command("python3", "-c", `import socket,sys
+s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8); print("up", flush=True)
+while True: s.accept()[0].close()`, path)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		buf := make([]byte, 3)
+		if _, err := out.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	on := Status{Available: true}
+	st, err := CheckBreakpoints(on, "unix://"+serve(NoBreakpointsEnv))
+	if err != nil || !st.Available {
+		t.Fatalf("containerd with %s: %+v %v", NoBreakpointsEnv, st, err)
+	}
+	st, err = CheckBreakpoints(on, serve())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Available != traps {
+		t.Fatalf("containerd without %s, breakpoints trap %v: available %v (%s)", NoBreakpointsEnv, traps, st.Available, st.Reason)
+	}
+	if !traps && !strings.Contains(st.Reason, NoBreakpointsEnv) {
+		t.Fatalf("reason does not name %s: %s", NoBreakpointsEnv, st.Reason)
+	}
+}
