@@ -18,8 +18,8 @@ import (
 )
 
 // TestBreakpointsTrapAgreesWithCRIU: the probe's answer is the one CRIU gets. Where the probe
-// says breakpoints trap, a dump of a plain process without CRIU_FAULT finishes; where it says
-// they do not, that dump hangs (killed after 10 s) and one with CRIU_FAULT=130 finishes.
+// says breakpoints trap, a dump of a plain process without CRIU_FAULT does not hang; where it
+// says they do not, that dump hangs (killed after 10 s) and one with CRIU_FAULT=130 does not.
 func TestBreakpointsTrapAgreesWithCRIU(t *testing.T) {
 	testutil.RequiresRoot(t)
 	testutil.RequiresBinary(t, "criu")
@@ -28,7 +28,7 @@ func TestBreakpointsTrapAgreesWithCRIU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("hardware breakpoints trap on this host: %v", ok)
-	// dump returns nil when CRIU finished and the exit code otherwise (124: killed by timeout).
+	// dump returns what the CRIU run returned (exit 124: killed by the timeout).
 	dump := func(env ...string) error {
 		sleep := exec.Command("sleep", "100")
 		// Its own session: CRIU refuses a task whose session leader it cannot see (CI runs the
@@ -49,20 +49,25 @@ func TestBreakpointsTrapAgreesWithCRIU(t *testing.T) {
 		}
 		return err
 	}
+	// What the breakpoint decides is whether CRIU hangs when it cures the parasite (killed by
+	// the timeout: exit 124), not whether the dump succeeds: a dump can fail later for reasons of
+	// the environment the test runs in (CI runs it in a pid and mount namespace of its own,
+	// whose mounts CRIU cannot always look up), which the breakpoint does not change.
+	hung := func(err error) bool {
+		var exit *exec.ExitError
+		return errors.As(err, &exit) && exit.ExitCode() == 124
+	}
 	if ok {
-		if err := dump(); err != nil {
-			t.Fatalf("the probe says breakpoints trap but a CRIU dump without CRIU_FAULT failed: %v", err)
+		if err := dump(); hung(err) {
+			t.Fatal("the probe says breakpoints trap but a CRIU dump without CRIU_FAULT hung")
 		}
 		return
 	}
-	var exit *exec.ExitError
-	if err := dump(); err == nil {
-		t.Fatal("the probe says breakpoints do not trap but a CRIU dump without CRIU_FAULT finished")
-	} else if !errors.As(err, &exit) || exit.ExitCode() != 124 {
-		t.Fatalf("the probe says breakpoints do not trap: a CRIU dump without CRIU_FAULT should hang until killed (exit 124), got %v", err)
+	if err := dump(); !hung(err) {
+		t.Fatalf("the probe says breakpoints do not trap but a CRIU dump without CRIU_FAULT did not hang: %v", err)
 	}
-	if err := dump(NoBreakpointsEnv); err != nil {
-		t.Fatalf("a CRIU dump with %s failed: %v", NoBreakpointsEnv, err)
+	if err := dump(NoBreakpointsEnv); hung(err) {
+		t.Fatalf("a CRIU dump with %s hung", NoBreakpointsEnv)
 	}
 }
 

@@ -93,8 +93,6 @@ func TestEscapeUserNamespace(t *testing.T) {
 	}
 }
 
-// TestEscapeUserNamespaceL3Refused: L3 checkpoints and snapshots of a sandbox in a user
-// namespace, and restores into such a pool, are refused naming why; nothing is left half done
 // TestUserNamespaceL3: L3 works in a user-namespaced pool. A checkpoint dumps the sandbox's
 // processes (a counter started by an exec) with its user and network namespaces; a rollback
 // restores them in place: the counter goes back to the dumped value and counts on, the files
