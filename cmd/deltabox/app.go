@@ -39,7 +39,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[len(args)-1] != completionFlag { // urfave/cli wants it last
 		args = reorderArgs(app, args)
 	}
-	err := app.Run(args)
+	err := handOverOutput(outputFromArgs(app, args)) // returns only if it did not hand over
+	if err == nil {
+		err = app.Run(args)
+	}
 	if err != nil && strings.HasPrefix(err.Error(), "Required flag") {
 		err = usageError{err}
 	}

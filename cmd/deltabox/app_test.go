@@ -129,8 +129,12 @@ func TestReorderArgs(t *testing.T) {
 		"deltabox daemon --address /s":                        "deltabox daemon --address /s",
 	}
 	for in, want := range cases {
-		if got := strings.Join(reorderArgs(app, strings.Fields(in)), " "); got != want {
+		args := strings.Fields(in)
+		if got := strings.Join(reorderArgs(app, args), " "); got != want {
 			t.Errorf("reorder %q:\n got  %q\n want %q", in, got, want)
+		}
+		if strings.Join(args, " ") != in { // the cli build hands the command line as given over
+			t.Errorf("reorder %q changed its input to %q", in, strings.Join(args, " "))
 		}
 	}
 }

@@ -113,13 +113,40 @@ func flagName(arg string) string {
 
 func lookupFlag(flags []cli.Flag, name string) cli.Flag {
 	for _, f := range flags {
-		for _, n := range f.Names() {
-			if n == name {
-				return f
-			}
+		if hasName(f, name) {
+			return f
 		}
 	}
 	return nil
+}
+
+// hasName reports whether name is f's name or one of its aliases. It reads the flag types
+// of this CLI directly: urfave/cli's Names() runs a regexp over every name (~5 KiB of
+// garbage a call), and reorderArgs looks flags up for each argument of every call.
+func hasName(f cli.Flag, name string) bool {
+	var main string
+	var aliases []string
+	switch f := f.(type) {
+	case *cli.StringFlag:
+		main, aliases = f.Name, f.Aliases
+	case *cli.BoolFlag:
+		main, aliases = f.Name, f.Aliases
+	case *cli.StringSliceFlag:
+		main, aliases = f.Name, f.Aliases
+	case *cli.IntFlag:
+		main, aliases = f.Name, f.Aliases
+	case *cli.Int64Flag:
+		main, aliases = f.Name, f.Aliases
+	case *cli.Uint64Flag:
+		main, aliases = f.Name, f.Aliases
+	case *cli.Float64Flag:
+		main, aliases = f.Name, f.Aliases
+	case *cli.DurationFlag:
+		main, aliases = f.Name, f.Aliases
+	default:
+		return slices.Contains(f.Names(), name)
+	}
+	return main == name || slices.Contains(aliases, name)
 }
 
 func findCommand(cmds []*cli.Command, name string) *cli.Command {
@@ -138,7 +165,7 @@ func splitLeadingFlags(args []string, flags []cli.Flag) ([]string, []string) {
 		i += flagWidth(args[i], flags)
 	}
 	i = min(i, len(args))
-	return args[:i], args[i:]
+	return args[:i:i], args[i:] // capped: appending to the flags must not overwrite args
 }
 
 // moveFlagsFirst reorders a leaf command's arguments: known flags first, then positionals.

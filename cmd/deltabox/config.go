@@ -1,3 +1,5 @@
+//go:build !cli
+
 package main
 
 import (
@@ -11,7 +13,7 @@ import (
 func configCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "config",
-		Usage: "work with the daemon's configuration file",
+		Usage: configUsage,
 		Subcommands: []*cli.Command{{
 			Name:  "default",
 			Usage: "print the commented default configuration",

@@ -14,4 +14,10 @@ package main
 // A plain `go build ./cmd/deltabox` gives the full binary, which works alone. Files that
 // import the daemon's packages carry `//go:build !cli`; TestCLIBuildIsLight keeps it so.
 
-const daemonUsage = "run the DeltaBox node agent (as root)"
+// The usage lines of the verbs the cli build hands over to the full build (lite_cli.go).
+const (
+	daemonUsage = "run the DeltaBox node agent (as root)"
+	policyUsage = "egress policies: print the default, check a file"
+	configUsage = "work with the daemon's configuration file"
+	runUsage    = "run a batch pipeline (YAML) over tasks (JSON lines), one sandbox per task"
+)

@@ -49,7 +49,7 @@ rules:
 func policyCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "policy",
-		Usage: "egress policies: print the default, check a file",
+		Usage: policyUsage,
 		Subcommands: []*cli.Command{{
 			Name: "default", Usage: "print the policy a sandbox without one gets, commented",
 			Action: func(c *cli.Context) error {

@@ -1,3 +1,5 @@
+//go:build !cli
+
 package main
 
 import (
@@ -36,7 +38,7 @@ type runOptions struct {
 func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "run",
-		Usage:     "run a batch pipeline (YAML) over tasks (JSON lines), one sandbox per task",
+		Usage:     runUsage,
 		ArgsUsage: "PIPELINE.yaml",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "tasks", Usage: "JSON-lines file, one task per line (default: one empty task)"},
@@ -73,9 +75,6 @@ func runPipeline(c *cli.Context, o runOptions) error {
 	}
 	eng, err := parseEngine(o)
 	if err != nil {
-		return err
-	}
-	if err := handOverEngine(eng); err != nil {
 		return err
 	}
 	p, tasks, done, err := loadRun(o)

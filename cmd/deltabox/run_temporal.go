@@ -10,9 +10,6 @@ import (
 	"github.com/deltabox/deltabox/pipeline/temporal"
 )
 
-// handOverEngine: the full build runs every engine itself.
-func handOverEngine(*engineSpec) error { return nil }
-
 // runOnTemporal runs the pipeline's tasks as workflows on the nodes polling e's queue.
 func runOnTemporal(ctx context.Context, e *engineSpec, p *pipeline.Pipeline, tasks []pipeline.Task,
 	done map[int]pipeline.Result, onResult func(pipeline.Result) error, o runOptions) (pipeline.Summary, error) {
