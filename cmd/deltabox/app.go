@@ -141,7 +141,7 @@ func validateGlobal(c *cli.Context) error {
 // certificate fails its first request).
 func newClient(c *cli.Context) *client.Client {
 	addr := c.String("address")
-	o := client.Options{CAFile: c.String("ca-file"), CertFile: c.String("cert-file"), KeyFile: c.String("key-file")}
+	o := client.Options{CAFile: c.String("ca-file"), CertFile: c.String("cert-file"), KeyFile: c.String("key-file"), OneShot: true}
 	if strings.HasPrefix(addr, "tcp://") {
 		token, err := readToken(c.String("token-file"))
 		if err != nil {

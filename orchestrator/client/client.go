@@ -50,6 +50,10 @@ type Options struct {
 	CAFile string
 	// CertFile and KeyFile are a client certificate, for a daemon that asks for one (mTLS).
 	CertFile, KeyFile string
+	// OneShot, on a unix socket, sends every request on a connection of its own, written and
+	// read by the calling goroutine, with no connection pool and no transport goroutines:
+	// for a process that makes a request or two and exits, such as the CLI (oneshot.go).
+	OneShot bool
 }
 
 // Dial returns a client for address: a unix socket (/path or unix:///path), or tcp://host:port
@@ -62,6 +66,9 @@ func Dial(address string, o Options) (*Client, error) {
 		}
 		if strings.Contains(address, "://") {
 			return nil, fmt.Errorf("daemon address %q: want a unix socket path or tcp://host:port: %w", address, errdefs.ErrInvalidArgument)
+		}
+		if o.OneShot {
+			return &Client{address: address, http: &http.Client{Transport: oneShot{address: address}}, base: "http://deltabox"}, nil
 		}
 		return New(address), nil
 	}
