@@ -98,13 +98,6 @@ func TestPeerEnvHas(t *testing.T) {
 	}
 }
 
-func lastBytes(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
-
 // TestCheckBreakpoints: L3 stays on where breakpoints trap or containerd (here a stand-in
 // serving a unix socket) runs with CRIU_FAULT=130, and goes off, naming the variable, where
 // neither holds.

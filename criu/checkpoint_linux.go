@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/cgroups/v3"
@@ -29,6 +30,9 @@ type Checkpointer struct {
 	criuPath    string
 	workRoot    string
 	dumpTimeout time.Duration
+	lazy        bool // WithLazyPages
+
+	lazyRestores atomic.Int64
 
 	mu     sync.Mutex
 	status *Status
@@ -103,6 +107,9 @@ func (c *Checkpointer) Dump(ctx context.Context, id, dir string) (DumpResult, er
 	ctr, task, err := c.loadTask(ctx, id)
 	if err != nil {
 		return res, err
+	}
+	if err := stripLazy(ctx, ctr); err != nil {
+		return res, fmt.Errorf("dump container %s: CRIU configuration: %w", id, err)
 	}
 	meta, err := c.dumpMeta(ctx, ctr)
 	if err != nil {

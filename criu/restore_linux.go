@@ -29,7 +29,7 @@ import (
 // container's. The CRIU options of the restore come from the configuration file named by the
 // container's ConfigAnnotation (see WriteConfig): tcp-close for a new identity.
 func (c *Checkpointer) Restore(ctx context.Context, id, dir string, ioc cio.Creator) (containerd.Task, error) {
-	ctr, err := c.restoreTarget(ctx, id, dir)
+	ctr, spec, err := c.restoreTarget(ctx, id, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -38,8 +38,23 @@ func (c *Checkpointer) Restore(ctx context.Context, id, dir string, ioc cio.Crea
 		return nil, fmt.Errorf("restore container %s: work dir: %w", id, err)
 	}
 	start := time.Now()
+	lazy, undo := c.lazyRestore(ctx, ctr, spec, dir, work)
+	// containerd's runc shim runs `runc restore` (and so CRIU) in Start, not in NewTask: the
+	// configuration goes back once Start returned.
+	undoConfig := func() {
+		if undo != nil {
+			if uerr := undo(); uerr != nil {
+				log.L(ctx).Error("put back the CRIU configuration after a lazy restore", "container", id, "error", uerr)
+			}
+			undo = nil
+		}
+	}
+	defer undoConfig()
 	task, err := ctr.NewTask(ctx, ioc, containerd.WithRestoreImagePath(dir), containerd.WithRestoreWorkPath(work))
 	if err != nil {
+		if lazy != nil {
+			lazy.stop()
+		}
 		c.deleteLeftTask(ctx, ctr) // a restore cut short by ctx may have made the task anyway
 		return nil, restoreError(id, work, timedOut(ctx, err))
 	}
@@ -50,59 +65,97 @@ func (c *Checkpointer) Restore(ctx context.Context, id, dir string, ioc cio.Crea
 	if err == nil {
 		err = task.Start(ctx)
 	}
+	undoConfig()
 	if err != nil {
+		if lazy != nil {
+			lazy.stop()
+		}
 		c.deleteTask(ctx, task)
 		return nil, restoreError(id, work, timedOut(ctx, err))
 	}
-	os.RemoveAll(work)
-	log.L(ctx).Debug("criu restore", "container", id, "dir", dir, "ms", time.Since(start).Milliseconds(), "pid", task.Pid())
+	if lazy != nil {
+		lazy.watch(ctx, id, task) // removes work once the page server is done
+	} else {
+		os.RemoveAll(work)
+	}
+	log.L(ctx).Debug("criu restore", "container", id, "dir", dir, "ms", time.Since(start).Milliseconds(), "pid", task.Pid(), "lazy", lazy != nil)
 	return task, nil
 }
+
+// lazyRestore starts a page server for a restore where lazy restores are on and usable
+// (LazyUsable), and switches the container's CRIU configuration to lazy pages, returning the
+// server and the configuration's undo; nil, nil for an eager restore (any failure to set up a
+// lazy one is logged and falls back to it).
+func (c *Checkpointer) lazyRestore(ctx context.Context, ctr containerd.Container, spec *specs.Spec, dir, work string) (*lazyServer, func() error) {
+	if !c.lazy {
+		return nil, nil
+	}
+	if ok, why := LazyUsable(spec); !ok {
+		log.L(ctx).Debug("criu restore is eager", "container", ctr.ID(), "reason", why)
+		return nil, nil
+	}
+	lazy, err := c.startLazy(ctx, dir, work)
+	if err != nil {
+		log.L(ctx).Warn("criu restore is eager: no page server", "container", ctr.ID(), "error", err)
+		return nil, nil
+	}
+	undo, err := lazyConfig(ctx, ctr)
+	if err != nil {
+		lazy.stop()
+		log.L(ctx).Warn("criu restore is eager: CRIU configuration", "container", ctr.ID(), "error", err)
+		return nil, nil
+	}
+	c.lazyRestores.Add(1)
+	return lazy, undo
+}
+
+// LazyRestores counts the restores that were lazy.
+func (c *Checkpointer) LazyRestores() int64 { return c.lazyRestores.Load() }
 
 // restoreTarget checks the images against this node and the container (compatibility,
 // cgroup, file locks, and that no process gains privileges the container's spec does not
 // grant), and loads it.
-func (c *Checkpointer) restoreTarget(ctx context.Context, id, dir string) (containerd.Container, error) {
+func (c *Checkpointer) restoreTarget(ctx context.Context, id, dir string) (containerd.Container, *specs.Spec, error) {
 	meta, err := ReadMeta(dir)
 	if err != nil {
-		return nil, fmt.Errorf("restore container %s: %w", id, err)
+		return nil, nil, fmt.Errorf("restore container %s: %w", id, err)
 	}
 	if err := CheckCompatible(meta, c.Status(ctx)); err != nil {
-		return nil, fmt.Errorf("restore container %s: %w", id, err)
+		return nil, nil, fmt.Errorf("restore container %s: %w", id, err)
 	}
 	ctr, err := c.client.LoadContainer(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("restore: load container %s: %w", id, err)
+		return nil, nil, fmt.Errorf("restore: load container %s: %w", id, err)
 	}
 	if _, err := ctr.Task(ctx, nil); err == nil {
-		return nil, fmt.Errorf("restore container %s: it still has a task (kill and delete it first): %w", id, errdefs.ErrFailedPrecondition)
+		return nil, nil, fmt.Errorf("restore container %s: it still has a task (kill and delete it first): %w", id, errdefs.ErrFailedPrecondition)
 	} else if !errdefs.IsNotFound(err) {
-		return nil, fmt.Errorf("restore container %s: %w", id, err)
+		return nil, nil, fmt.Errorf("restore container %s: %w", id, err)
 	}
 	spec, err := ctr.Spec(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("spec of container %s: %w", id, err)
+		return nil, nil, fmt.Errorf("spec of container %s: %w", id, err)
 	}
 	if err := CheckUserNS(dir, spec); err != nil {
-		return nil, fmt.Errorf("restore container %s: %w", id, err)
+		return nil, nil, fmt.Errorf("restore container %s: %w", id, err)
 	}
 	m, err := SpecMapping(spec)
 	if err != nil {
-		return nil, fmt.Errorf("restore container %s: %w", id, err)
+		return nil, nil, fmt.Errorf("restore container %s: %w", id, err)
 	}
 	if err := ShareImages(dir, m); err != nil {
-		return nil, fmt.Errorf("restore container %s: images for its user namespace: %w", id, err)
+		return nil, nil, fmt.Errorf("restore container %s: images for its user namespace: %w", id, err)
 	}
 	if err := checkCgroup(ctr, spec, meta); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := CheckCreds(dir, spec); err != nil {
-		return nil, fmt.Errorf("restore container %s: %w", id, err)
+		return nil, nil, fmt.Errorf("restore container %s: %w", id, err)
 	}
 	if err := checkFileLocks(ctx, ctr, dir); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return ctr, nil
+	return ctr, spec, nil
 }
 
 // checkCgroup refuses to restore images under a new container ID into the dumped container's

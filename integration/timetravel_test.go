@@ -409,7 +409,7 @@ func TestTimeTravelForkFromL3(t *testing.T) {
 	if len(leases) != 1 || leases[0].ID == id || leases[0].ForkedFrom != id+"@"+ck.ID {
 		t.Fatalf("forks %+v", leases)
 	}
-	checkContinues(t, d, leases[0].ID, before, after+10)
+	checkContinues(t, d, leases[0].ID, before, after+restoreSlack)
 	if _, _, code := d.cliRaw("exec", id, "--", "test", "-e", "/root/notes"); code == 0 {
 		t.Fatal("the source moved")
 	}

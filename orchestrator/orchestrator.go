@@ -79,6 +79,9 @@ type SnapshotOptions struct {
 	RestoreTimeout time.Duration
 	// DumpTimeout bounds one CRIU dump (default criu.DefaultDumpTimeout).
 	DumpTimeout time.Duration
+	// LazyRestore restores processes' memory lazily where the kernel allows it
+	// (criu.WithLazyPages).
+	LazyRestore bool
 }
 
 func (o *Options) setDefaults() {
@@ -211,7 +214,7 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return err
 	}
-	o.l3 = criu.New(o.client, criu.WithStatus(o.criu), criu.WithCRIUPath(o.opts.CRIUPath), criu.WithWorkRoot(work), criu.WithDumpTimeout(o.opts.Snapshots.DumpTimeout))
+	o.l3 = criu.New(o.client, criu.WithStatus(o.criu), criu.WithCRIUPath(o.opts.CRIUPath), criu.WithWorkRoot(work), criu.WithDumpTimeout(o.opts.Snapshots.DumpTimeout), criu.WithLazyPages(o.opts.Snapshots.LazyRestore))
 	if o.opts.Metrics != nil {
 		o.registerTemplateMetrics(o.opts.Metrics)
 	}

@@ -104,7 +104,8 @@ func (s *session) templateGone(id string) string {
 	return "its template is gone (the daemon restarted)"
 }
 
-// registerTemplateMetrics exports the node's template count and memory.
+// registerTemplateMetrics exports the node's template count and memory, and how many L3
+// restores were lazy.
 func (o *Orchestrator) registerTemplateMetrics(reg prometheus.Registerer) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "deltabox_process_templates",
@@ -113,5 +114,8 @@ func (o *Orchestrator) registerTemplateMetrics(reg prometheus.Registerer) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "deltabox_process_template_bytes",
 			Help: "Memory the process templates hold alone (as last measured: by checkpoint ls or a bounded checkpoint)."},
 			func() float64 { _, b := o.nodeTemplateBytes(); return float64(b) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "deltabox_l3_lazy_restores_total",
+			Help: "L3 restores whose processes' memory came back lazily (criu lazy-pages)."},
+			func() float64 { return float64(o.l3.LazyRestores()) }),
 	)
 }

@@ -126,7 +126,8 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, TemplateMemory: tplNode, TemplateMemorySandbox: tplSandbox, Network: netOpts, SandboxDefaults: defaults,
 		Egress: egressOptions(cfg.Egress), ForkLayerMemory: forkLayerMem,
 		Snapshots: orchestrator.SnapshotOptions{SigningKey: cfg.Snapshots.SigningKey, TrustedKeys: cfg.Snapshots.TrustedKeys,
-			RestoreTimeout: cfg.Snapshots.RestoreTimeout.Duration, DumpTimeout: cfg.Snapshots.DumpTimeout.Duration},
+			RestoreTimeout: cfg.Snapshots.RestoreTimeout.Duration, DumpTimeout: cfg.Snapshots.DumpTimeout.Duration,
+			LazyRestore: cfg.Snapshots.LazyRestore},
 	})
 	if err != nil {
 		return err

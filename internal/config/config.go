@@ -146,6 +146,7 @@ type Snapshots struct {
 	TrustedKeys    []string `toml:"trusted_keys"`
 	RestoreTimeout Duration `toml:"restore_timeout"`
 	DumpTimeout    Duration `toml:"dump_timeout"`
+	LazyRestore    bool     `toml:"lazy_restore"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("90s", "2m").
