@@ -47,6 +47,11 @@
 // run directory mounted read-write) are external mounts for runc and are re-bound to the new
 // container's sources, so a restored init listens again on its socket in the run directory.
 // CRIU restores the UTS namespace from the images: the hostname is the dumped one.
+// containerd's shim runs CRIU in the task's Start, not in NewTask. With WithLazyPages a
+// restore where the processes may make a userfaultfd (LazyUsable) is lazy: a `criu lazy-pages`
+// server on hard links of the images fills their anonymous memory after they run, and the
+// container's configuration file carries "lazy-pages" from before NewTask until Start returned
+// (lazy_linux.go).
 //
 // # Packaging
 //
