@@ -17,29 +17,52 @@ import (
 // removals nothing is removed or replaced any more, so parent directories are resolved once
 // and their fds reused for the creates and the final mtimes.
 func (pl *plan) apply(rootfd int) error {
+	dirty := map[string]bool{} // directories whose entries the writes changed (their mtime moved)
 	for _, p := range pl.remove {
 		if err := removePath(rootfd, p); err != nil {
 			return err
 		}
+		dirty[parentOf(p)] = true
 	}
-	dirs := &dirCache{root: rootfd, fds: map[string]int{}}
-	defer dirs.close()
+	// The directories the plan resolved stay valid but those removed (and everything
+	// under them): a path removed may be recreated, as a new directory.
+	pl.mdirs.forget(pl.remove)
+	pl.udirs.forget(pl.remove)
+	dirs := pl.mdirs
+	if dirs == nil || dirs.root != rootfd {
+		dirs = newDirCache(rootfd)
+		defer dirs.close()
+	}
 	linked := map[string]string{}
+	var created []string
 	for _, it := range pl.items {
 		var err error
 		switch {
 		case it.fix:
 			err = dirs.withParent(it.e.Path, func(pfd int, name string) error { return setAttrs(pfd, name, it.e, false) })
 		case it.rewrite:
-			err = dirs.withParent(it.e.Path, func(pfd int, name string) error { return rewriteFile(pfd, name, it.e, pl.srcs[it.e.Path]) })
+			err = dirs.withParent(it.e.Path, func(pfd int, name string) error {
+				replaced, err := rewriteFile(pfd, name, it.e, pl.srcs[it.e.Path])
+				if replaced {
+					dirty[parentOf(it.e.Path)] = true
+				}
+				return err
+			})
 		default:
 			err = pl.create(dirs, it.e, linked)
+			dirty[parentOf(it.e.Path)] = true
+			created = append(created, it.e.Path)
 		}
 		if err != nil {
 			return err
 		}
 	}
+	pl.udirs.forget(created) // an upper directory made by a create is a new one
 	for _, e := range pl.dirTimes {
+		if pl.mtimeOK[e.Path] && !dirty[e.Path] {
+			continue // its entries were rewritten in place, if at all: the mtime is the target's
+		}
+		pl.touched[e.Path] = true // its key moves: the reindex takes the new one
 		err := dirs.withParent(e.Path, func(pfd int, name string) error { return setMtime(pfd, name, e.Mtime) })
 		if err != nil {
 			return err
@@ -49,16 +72,80 @@ func (pl *plan) apply(rootfd int) error {
 }
 
 // dirCache holds directories of one tree open (O_PATH), each resolved once beneath the root
-// without following symlinks. Only valid while no directory is removed or replaced.
+// without following symlinks. Only valid while no directory is removed or replaced (forget
+// drops those that were). Paths that do not resolve are not cached.
 type dirCache struct {
 	root int
 	fds  map[string]int
+	opq  map[string]bool // opaque's answers, by path
+}
+
+func newDirCache(root int) *dirCache {
+	return &dirCache{root: root, fds: map[string]int{}, opq: map[string]bool{}}
 }
 
 func (c *dirCache) close() {
+	if c == nil {
+		return
+	}
 	for _, fd := range c.fds {
 		unix.Close(fd)
 	}
+	c.fds = map[string]int{}
+}
+
+// forget closes the cached directories at or under the given paths, and drops what was
+// learnt about them.
+func (c *dirCache) forget(paths []string) {
+	if c == nil || len(paths) == 0 {
+		return
+	}
+	gone := make(map[string]bool, len(paths))
+	for _, p := range paths {
+		gone[p] = true
+	}
+	under := func(rel string) bool {
+		for q := rel; ; q = parentOf(q) {
+			if gone[q] {
+				return true
+			}
+			if q == "" {
+				return false
+			}
+		}
+	}
+	for rel, fd := range c.fds {
+		if under(rel) {
+			unix.Close(fd)
+			delete(c.fds, rel)
+		}
+	}
+	for rel := range c.opq {
+		if under(rel) {
+			delete(c.opq, rel)
+		}
+	}
+}
+
+// lstat stats rel (not following it) with its parent resolved through the cache; nil when
+// it does not exist as a real path in the tree.
+func (c *dirCache) lstat(rel string) (*unix.Stat_t, error) {
+	dir, name := splitPath(rel)
+	pfd, err := c.get(dir)
+	if isNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("resolve %q: %w", rel, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if isNotExist(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("stat %q: %w", rel, err)
+	}
+	return &st, nil
 }
 
 // get returns the open directory rel.
@@ -189,7 +276,7 @@ func createFile(pfd int, name string, e *Entry, src source) error {
 	if err := copyContent(fd, e, src); err != nil {
 		return err
 	}
-	return setFileAttrs(fd, e, false)
+	return setFileAttrs(fd, e, nil)
 }
 
 // rewriteFile restores, in place, a regular file the plan found with a single link (so no
@@ -199,44 +286,54 @@ func createFile(pfd int, name string, e *Entry, src source) error {
 // create measured here), and a rewrite that never truncates to zero first also avoids ext4's
 // flush-on-close of replaced files. Processes that hold the file open see the restored content. Anything
 // else found there (the sandbox is frozen, so only a broken assumption) is replaced instead.
-func rewriteFile(pfd int, name string, e *Entry, src source) error {
+func rewriteFile(pfd int, name string, e *Entry, src source) (replaced bool, err error) {
 	fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err == nil {
 		var st unix.Stat_t
 		if unix.Fstat(fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1 {
 			defer unix.Close(fd)
-			return restoreOpenFile(fd, e, src, st.Size)
+			return false, restoreOpenFile(fd, e, src, &st)
 		}
 		unix.Close(fd)
 	}
 	if err := removeAt(pfd, name); err != nil {
-		return err
+		return true, err
 	}
-	return createFile(pfd, name, e, src)
+	return true, createFile(pfd, name, e, src)
 }
 
-// restoreOpenFile overwrites an open regular file of size old with e's content and attributes.
-func restoreOpenFile(fd int, e *Entry, src source, old int64) error {
+// restoreOpenFile overwrites an open regular file (as old, its stat before) with e's content
+// and attributes.
+func restoreOpenFile(fd int, e *Entry, src source, old *unix.Stat_t) error {
 	if err := copyContent(fd, e, src); err != nil {
 		return err
 	}
-	if old > e.Size {
+	if old.Size > e.Size {
 		if err := unix.Ftruncate(fd, e.Size); err != nil {
 			return fmt.Errorf("truncate: %w", err)
 		}
 	}
-	return setFileAttrs(fd, e, true)
+	return setFileAttrs(fd, e, old)
 }
 
 // setFileAttrs gives the open regular file fd e's owner, mode, xattrs (removing other kept
-// ones when it is not new) and mtime, in that order: chown clears the setuid bits and file
-// capabilities, so mode and xattrs come after it.
-func setFileAttrs(fd int, e *Entry, existing bool) error {
-	if err := unix.Fchown(fd, int(e.UID), int(e.GID)); err != nil {
-		return fmt.Errorf("chown: %w", err)
+// ones when it is not new: old, its stat before, is then set) and mtime, in that order:
+// chown clears the setuid bits and file capabilities, so mode and xattrs come after it. An
+// existing file's owner and mode are left alone when they are e's already and e has no
+// setuid or setgid bit (which a write may clear); other kept xattrs (a file capability
+// included) are removed, and e's set, whatever the chown would have done.
+func setFileAttrs(fd int, e *Entry, old *unix.Stat_t) error {
+	existing := old != nil
+	if !existing || old.Uid != e.UID || old.Gid != e.GID {
+		if err := unix.Fchown(fd, int(e.UID), int(e.GID)); err != nil {
+			return fmt.Errorf("chown: %w", err)
+		}
+		old = nil // the chown may have cleared setuid bits: the mode is set
 	}
-	if err := unix.Fchmod(fd, e.Mode); err != nil {
-		return fmt.Errorf("chmod: %w", err)
+	if old == nil || old.Mode&0o7777 != e.Mode || e.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+		if err := unix.Fchmod(fd, e.Mode); err != nil {
+			return fmt.Errorf("chmod: %w", err)
+		}
 	}
 	if existing {
 		if err := removeOtherXattrs(fd, e); err != nil {
@@ -285,6 +382,12 @@ func removeOtherXattrs(fd int, e *Entry) error {
 // copyContent writes e's content from src into the new file fd.
 func copyContent(fd int, e *Entry, src source) error {
 	if e.Size == 0 {
+		return nil
+	}
+	if src.data != nil {
+		if err := pwriteFull(fd, src.data, 0); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
 		return nil
 	}
 	n, err := copyRange(src.fd, src.off, fd, 0, e.Size)

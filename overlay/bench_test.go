@@ -174,6 +174,46 @@ func rollbackStep(b *testing.B, deferred bool) {
 	}
 }
 
+// BenchmarkRollbackHead is the daemon's files-only rollback (integration
+// BenchmarkCheckpointRollback): a checkpoint, then 10 files changed and not captured, then a
+// deferred rollback to that checkpoint (the head), its record put in place (WriteRollback,
+// reported as write-) and synced (PersistRollback, persist-) after it, as the daemon does.
+func BenchmarkRollbackHead(b *testing.B) {
+	f := newFixture(b, nil)
+	paths := benchTree(b, f, 5000)
+	f.capture(b, "base", L2)
+	var lat, cpu, write, persist latencies
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		if i%10 == 9 { // a task of ten steps ends: keep the chain short (untimed)
+			f.rollback(b, "base")
+		}
+		modify(b, f, paths, 10, 2*i+1)
+		id := fmt.Sprintf("step%d", i)
+		f.capture(b, id, L1)
+		modify(b, f, paths, 10, 2*i+2)
+		b.StartTimer()
+		start, c0 := time.Now(), cpuTime()
+		res, err := f.s.Rollback(context.Background(), RollbackRequest{Merged: f.merged, Upper: f.upper,
+			Lower: []string{f.lower}, Target: id, Deferred: true})
+		lat, cpu = append(lat, time.Since(start)), append(cpu, cpuTime()-c0)
+		if err != nil || res.FilesRestored < 10 {
+			b.Fatalf("rollback: %v, want >= 10 files restored", err)
+		}
+		start = time.Now()
+		must(b, f.s.WriteRollback())
+		write = append(write, time.Since(start))
+		start = time.Now()
+		must(b, f.s.PersistRollback())
+		persist = append(persist, time.Since(start))
+	}
+	lat.report(b)
+	cpu.reportAs(b, "cpu-")
+	write.reportAs(b, "write-")
+	persist.reportAs(b, "persist-")
+}
+
 // BenchmarkVerify is a full Verify (5,000 4 KiB files, contents compared) right after a capture.
 func BenchmarkVerify(b *testing.B) {
 	f := newFixture(b, nil)

@@ -4,11 +4,13 @@ package overlay
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
 
 	"github.com/containerd/errdefs"
+	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 )
 
@@ -26,6 +28,13 @@ type plan struct {
 	srcs        map[string]source
 	forced      map[string]bool // directories whose children must all be visited
 	rawUpper    bool            // writing an upper dir directly (export): whiteouts and opaque flags are literal
+	// mdirs and udirs are the merged and upper directories resolved while planning (nil
+	// when the plan was not worked out against a tree), kept for the writes and the
+	// reindex: each directory is resolved once per rollback, not once per entry and check.
+	mdirs, udirs *dirCache
+	packSizes    map[*os.File]int64 // sizes of the packs read from, taken once (readPacked)
+	mtimeOK      map[string]bool    // existing directories whose mtime is the target's already
+	inlined      int64              // bytes of content held in sources' data
 }
 
 // planned is one entry to create (or, with fix, an existing directory to re-attribute; with
@@ -40,7 +49,8 @@ type planned struct {
 type source struct {
 	fd    int
 	off   int64
-	owned bool // fd belongs to the plan (a lower file)
+	owned bool   // fd belongs to the plan (a lower file)
+	data  []byte // the content itself, read (and its digest checked) while planning
 }
 
 func (pl *plan) close() {
@@ -49,22 +59,39 @@ func (pl *plan) close() {
 			unix.Close(s.fd)
 		}
 	}
+	pl.mdirs.close()
+	pl.udirs.close()
 }
 
 // plan decides, for every changed path and everything it drags in (ancestors, hard-link
 // peers, children of directories whose merged content must be rebuilt), how to get from the
 // merged tree as it is to the merged tree at the target.
 func (s *Store) plan(v *view, fds rollbackRoots, changed map[string]bool) (*plan, error) {
-	pl := &plan{touched: map[string]bool{}, srcs: map[string]source{}, forced: map[string]bool{}}
+	pl := &plan{touched: map[string]bool{}, srcs: map[string]source{}, forced: map[string]bool{},
+		mdirs: newDirCache(fds.merged), udirs: newDirCache(fds.upper), mtimeOK: map[string]bool{}}
 	queue := withAncestors(changed)
 	seen := map[string]bool{}
 	for _, p := range queue {
 		seen[p] = true
 	}
 	var groups map[string][]string
+	kept := map[string]bool{"": true}
 	for i := 0; i < len(queue); i++ {
-		more, want, err := pl.decide(v, fds, queue[i])
+		p := queue[i]
+		if !changed[p] && !pl.forced[p] && kept[parentOf(p)] {
+			ok, err := pl.keepAncestor(v, p)
+			if err != nil {
+				pl.close()
+				return nil, err
+			}
+			if ok {
+				kept[p] = true
+				continue
+			}
+		}
+		more, want, err := pl.decide(v, fds, p)
 		if err != nil {
+			pl.close()
 			return nil, err
 		}
 		if want != nil && want.Link != "" {
@@ -82,9 +109,27 @@ func (s *Store) plan(v *view, fds rollbackRoots, changed map[string]bool) (*plan
 		}
 	}
 	if err := pl.prepare(s, v); err != nil {
+		pl.close()
 		return nil, err
 	}
 	return pl, nil
+}
+
+// keepAncestor plans a directory that is only the ancestor of changed paths, not forced, and
+// whose own ancestors were all kept so: nothing recorded or scanned since the target changed
+// it or the directories above it (a change above could hide or replace it without naming it:
+// a lower-only directory is in no index), so its merged entry is the target's already (the
+// same upper directory over the same lower layers). Its mtime is set back only if the writes
+// under it move it (apply). It reports false, and the directory is decided as a changed
+// path, when the target has no directory there.
+func (pl *plan) keepAncestor(v *view, p string) (bool, error) {
+	want, err := v.lookup(p)
+	if err != nil || want == nil || want.Kind != KindDir {
+		return false, err
+	}
+	pl.dirTimes = append(pl.dirTimes, want)
+	pl.mtimeOK[p] = true
+	return true, nil
 }
 
 // withAncestors returns the paths and all their ancestors, sorted parents first.
@@ -109,7 +154,7 @@ func (pl *plan) decide(v *view, fds rollbackRoots, p string) ([]string, *Entry, 
 	if err != nil {
 		return nil, nil, err
 	}
-	have, err := lstatAt(fds.merged, p)
+	have, err := pl.mdirs.lstat(p)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -158,7 +203,10 @@ func rewritable(want *Entry, have *unix.Stat_t) bool {
 // subdirectories (an opaque parent hides their lower copies as well), so they are forced.
 func (pl *plan) decideDir(v *view, fds rollbackRoots, p string, want *Entry, have *unix.Stat_t) ([]string, *Entry, error) {
 	pl.dirTimes = append(pl.dirTimes, want)
-	meta, err := metaDiffers(fds.merged, p, want, have)
+	if have.Mtim.Nano() == want.Mtime {
+		pl.mtimeOK[p] = true
+	}
+	meta, err := metaDiffers(pl.mdirs, p, want, have)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -168,7 +216,7 @@ func (pl *plan) decideDir(v *view, fds rollbackRoots, p string, want *Entry, hav
 	if meta || have.Mtim.Nano() != want.Mtime {
 		pl.done = append(pl.done, p)
 	}
-	if !pl.forced[p] && upperOpaque(fds.upper, p) == want.Opaque {
+	if !pl.forced[p] && pl.udirs.opaque(p) == want.Opaque {
 		return nil, want, nil
 	}
 	names, err := v.childNames(p)
@@ -215,13 +263,60 @@ func (pl *plan) prepare(s *Store, v *view) error {
 		if it.fix || it.e.Kind != KindFile || it.e.Size == 0 {
 			continue
 		}
-		src, err := openSource(s, v, it.e)
+		var src source
+		var err error
+		if it.e.lower == "" && it.e.Size <= maxInlineFile && pl.inlined+it.e.Size <= maxInlineTotal {
+			src, err = pl.readPacked(s, it.e)
+		} else {
+			src, err = openSource(s, v, it.e)
+		}
 		if err != nil {
 			return err
 		}
 		pl.srcs[it.e.Path] = src
 	}
 	return nil
+}
+
+// Small contents are read while planning (maxInlineFile each, maxInlineTotal per plan): the
+// digest check reads them anyway, and the write then needs no second read.
+const (
+	maxInlineFile  = 1 << 20
+	maxInlineTotal = 16 << 20
+)
+
+// readPacked is openSource for a file whose content is in a pack, read into the source: the
+// extent is checked against the pack's size (taken once per pack and plan) and the content
+// against its digest, as checkContent does, from the one read.
+func (pl *plan) readPacked(s *Store, e *Entry) (source, error) {
+	f := s.packs[e.ckpt]
+	if f == nil {
+		return source{}, fmt.Errorf("content of %q in checkpoint %s: %w", e.Path, e.ckpt, errdefs.ErrNotFound)
+	}
+	size, ok := pl.packSizes[f]
+	if !ok {
+		st, err := f.Stat()
+		if err != nil {
+			return source{}, err
+		}
+		size = st.Size()
+		if pl.packSizes == nil {
+			pl.packSizes = map[*os.File]int64{}
+		}
+		pl.packSizes[f] = size
+	}
+	if err := extentInside(e, size); err != nil {
+		return source{}, err
+	}
+	data := make([]byte, e.Size)
+	if err := preadFull(int(f.Fd()), data, e.Off); err != nil {
+		return source{}, fmt.Errorf("read content of %q in checkpoint %s: %w", e.Path, e.ckpt, err)
+	}
+	if err := checkSum(e, xxh3.Hash(data)); err != nil {
+		return source{}, err
+	}
+	pl.inlined += e.Size
+	return source{fd: int(f.Fd()), off: e.Off, data: data}, nil
 }
 
 // openSource opens where a file's content at the target lives.
@@ -262,43 +357,28 @@ func checkExtent(f *os.File, e *Entry) error {
 	if err != nil {
 		return err
 	}
-	if e.Off < 0 || e.Off+e.Size > st.Size()-footerSize {
+	return extentInside(e, st.Size())
+}
+
+// extentInside verifies that a content extent lies inside a pack of size bytes.
+func extentInside(e *Entry, size int64) error {
+	if e.Off < 0 || e.Off+e.Size > size-footerSize {
 		return fmt.Errorf("content of %q outside checkpoint %s: %w", e.Path, e.ckpt, errdefs.ErrDataLoss)
 	}
 	return nil
 }
 
-// lstatAt stats rel in the merged tree; nil when it does not exist as a real path there.
-func lstatAt(rootfd int, rel string) (*unix.Stat_t, error) {
-	pfd, name, err := openParent(rootfd, rel)
-	if isNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("resolve %q: %w", rel, err)
-	}
-	defer unix.Close(pfd)
-	var st unix.Stat_t
-	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		if isNotExist(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("stat %q: %w", rel, err)
-	}
-	return &st, nil
-}
-
 // metaDiffers reports whether an existing directory's mode, owner or xattrs differ from want
 // (its mtime is restored anyway, after its children).
-func metaDiffers(rootfd int, rel string, want *Entry, have *unix.Stat_t) (bool, error) {
+func metaDiffers(dirs *dirCache, rel string, want *Entry, have *unix.Stat_t) (bool, error) {
 	if have.Mode&0o7777 != want.Mode || have.Uid != want.UID || have.Gid != want.GID {
 		return true, nil
 	}
-	pfd, name, err := openParent(rootfd, rel)
+	dir, name := splitPath(rel)
+	pfd, err := dirs.get(dir)
 	if err != nil {
 		return false, err
 	}
-	defer unix.Close(pfd)
 	x, _, err := readXattrs(procPath(pfd, name))
 	if err != nil {
 		return false, err
@@ -318,15 +398,25 @@ func sameXattrs(a, b map[string][]byte) bool {
 	return true
 }
 
-// upperOpaque reports whether rel is an opaque directory in the upper dir.
-func upperOpaque(upperfd int, rel string) bool {
-	pfd, name, err := openParent(upperfd, rel)
+// opaque reports whether rel is an opaque directory, in a cache of an upper dir. The answer
+// is kept until forget drops it: only a directory made anew at rel (removed and created
+// again, or created where there was none) can change it, as overlayfs keeps the flag of a
+// directory through the merged mount.
+func (c *dirCache) opaque(rel string) bool {
+	if o, ok := c.opq[rel]; ok {
+		return o
+	}
+	dir, name := splitPath(rel)
+	pfd, err := c.get(dir)
 	if err != nil {
 		return false
 	}
-	defer unix.Close(pfd)
 	v, err := getXattr(procPath(pfd, name), "trusted.overlay.opaque")
-	return err == nil && string(v) == "y"
+	o := err == nil && string(v) == "y"
+	if err == nil || errors.Is(err, unix.ENODATA) {
+		c.opq[rel] = o // a failure to read is not an answer
+	}
+	return o
 }
 
 // mergedChildren lists directory rel of the merged tree.

@@ -347,14 +347,19 @@ func (s *Store) syncRollback() error {
 // invalidated so the next capture records them as they are, since hiding the difference
 // would let a later capture of, say, the opaque parent lose the copies.
 func (s *Store) reindex(upperfd int, pl *plan, target map[string]*Entry) {
+	dirs := pl.udirs // the plan's, without the directories its removals replaced
+	if dirs == nil || dirs.root != upperfd {
+		dirs = newDirCache(upperfd)
+		defer dirs.close()
+	}
 	for p := range pl.touched {
 		e := target[p]
-		st, err := lstatAt(upperfd, p)
+		st, err := dirs.lstat(p)
 		switch {
 		case err == nil && st == nil && e == nil:
 			s.idx.del(p)
 		case err == nil && st != nil && e != nil && e.Kind == kindOf(st) &&
-			(e.Kind != KindDir || upperOpaque(upperfd, p) == e.Opaque) && sameLink(upperfd, p, e, st):
+			(e.Kind != KindDir || dirs.opaque(p) == e.Opaque) && sameLink(upperfd, p, e, st):
 			s.idx.set(p, &idxEntry{key: keyOf(st), gen: s.idx.gen})
 		default:
 			s.idx.set(p, &idxEntry{gen: s.idx.gen}) // never matches: recorded next time
@@ -412,8 +417,9 @@ func (s *Store) indexDelta(pos int, res *scanResult, pl *plan) map[string]*Key {
 		cand[p] = true
 	}
 	delta := map[string]*Key{}
+	anc := s.ancestry(pos) // once: each step of it looks a parent up in the chain
 	for p := range cand {
-		s.addDelta(delta, p, s.keyAt(pos, p))
+		s.addDelta(delta, p, s.keyIn(anc, p))
 	}
 	return delta
 }
@@ -445,9 +451,9 @@ func (s *Store) addDelta(delta map[string]*Key, p string, persisted *Key) {
 	}
 }
 
-// keyAt returns p's persisted index key at chain position pos (nil when not indexed).
-func (s *Store) keyAt(pos int, p string) *Key {
-	anc := s.ancestry(pos)
+// keyIn returns p's persisted index key at the chain position whose ancestry is anc (nil
+// when not indexed).
+func (s *Store) keyIn(anc []int, p string) *Key {
 	for j := len(anc) - 1; j >= 0; j-- {
 		if k, ok := s.chain[anc[j]].Index[p]; ok {
 			return k

@@ -230,3 +230,22 @@ func TestWriteRollbackUnsynced(t *testing.T) {
 		t.Fatalf("after a cut record: head %s meta %s, want the last capture c1", f.s.Head(), f.s.HeadMeta())
 	}
 }
+
+// TestRollbackRestoresRemovedLowerTree removes a directory of the image with everything
+// under it (lower-only subdirectories, which no index names, included), then rolls back:
+// every path under it comes back, also where a changed path lies below (its ancestors are
+// not taken as unchanged because nothing names them).
+func TestRollbackRestoresRemovedLowerTree(t *testing.T) {
+	f := newFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	base := walkTree(t, f.merged)
+	must(t, os.RemoveAll(f.m("data")))
+	f.rollback(t, "c0")
+	assertTree(t, base, walkTree(t, f.merged), true)
+
+	putFile(t, f.m("data/sub/c.txt"), "changed")
+	f.capture(t, "c1", L1)
+	must(t, os.RemoveAll(f.m("data")))
+	f.rollback(t, "c0")
+	assertTree(t, base, walkTree(t, f.merged), true)
+}

@@ -18,6 +18,7 @@ type view struct {
 	upper    map[string]*Entry
 	layers   []string
 	fds      []int
+	dirs     []*dirCache // each layer's directories, resolved once (the layers never change)
 	stats    map[lowerKey]*lowerStat
 	children map[string][]string // upper-state names by parent, built on first use
 	ids      idShift             // how the merged tree shows the lower layers' owners
@@ -44,15 +45,19 @@ func newView(upper map[string]*Entry, lowers []string) (*view, error) {
 			return nil, fmt.Errorf("open lower layer: %w", err)
 		}
 		v.fds = append(v.fds, fd)
+		v.dirs = append(v.dirs, newDirCache(fd))
 	}
 	return v, nil
 }
 
 func (v *view) close() {
+	for _, c := range v.dirs {
+		c.close()
+	}
 	for _, fd := range v.fds {
 		unix.Close(fd)
 	}
-	v.fds = nil
+	v.fds, v.dirs = nil, nil
 }
 
 // lookup returns the entry at p in the merged view, or nil when p does not exist there.
@@ -153,14 +158,14 @@ func (v *view) lstat(layer int, prefix string) (*lowerStat, error) {
 }
 
 func (v *view) lstatUncached(layer int, prefix string) (*lowerStat, error) {
-	pfd, name, err := openParent(v.fds[layer], prefix)
+	dir, name := splitPath(prefix)
+	pfd, err := v.dirs[layer].get(dir)
 	if isNotExist(err) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lower %s: %q: %w", v.layers[layer], prefix, err)
 	}
-	defer unix.Close(pfd)
 	ls := &lowerStat{}
 	if err := unix.Fstatat(pfd, name, &ls.st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if isNotExist(err) {
@@ -178,11 +183,10 @@ func (v *view) lstatUncached(layer int, prefix string) (*lowerStat, error) {
 
 // lowerEntry describes prefix as found in a lower layer.
 func (v *view) lowerEntry(layer int, prefix string) (*Entry, error) {
-	pfd, _, err := openParent(v.fds[layer], prefix)
+	pfd, err := v.dirs[layer].get(parentOf(prefix))
 	if err != nil {
 		return nil, fmt.Errorf("lower %s: %q: %w", v.layers[layer], prefix, err)
 	}
-	defer unix.Close(pfd)
 	e, err := describe(pfd, prefix, &v.stats[lowerKey{layer, prefix}].st)
 	if err != nil {
 		return nil, err
