@@ -295,11 +295,14 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	// contents opened and checked): a damaged target changes nothing (errNothingChanged).
 	headMeta, err := json.Marshal(headRecord{StateSeq: in.stateSeqAfter(), Rollback: in.ID})
 	if err != nil {
+		closeRoot()
 		return err
 	}
+	open := overlay.WritableFiles(pids(procs))
+	tOpen := time.Now()
 	began := false
 	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: merged, Upper: s.sb.Layout.Upper,
-		Lower: s.sb.Layout.Lower, Target: target.ID, Open: overlay.WritableFiles(pids(procs)), Meta: headMeta,
+		Lower: s.sb.Layout.Lower, Target: target.ID, Open: open, Meta: headMeta,
 		Deferred: true, // written by settle, after the thaw
 		BeforeWrite: func() error {
 			if s.intentSynced != nil {
@@ -330,7 +333,7 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	}
 	t3 := time.Now()
 	defer func() {
-		log.L(ctx).Debug("rollback apply phases", "sandbox", s.id, "procs", t1.Sub(t0), "files_plan", tStop.Sub(t1),
+		log.L(ctx).Debug("rollback apply phases", "sandbox", s.id, "procs", t1.Sub(t0), "open_files", tOpen.Sub(t1), "files_plan", tStop.Sub(tOpen),
 			"stop", tStopped.Sub(tStop), "files_write", t2.Sub(tStopped), "state", t3.Sub(t2), "effects", time.Since(t3))
 	}()
 	if err := failpoint.Inject("rollback/after-state"); err != nil {

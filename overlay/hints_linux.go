@@ -5,9 +5,11 @@ package overlay
 import (
 	"bufio"
 	"bytes"
-	"os"
+	"errors"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // OpenFiles are files a sandbox's processes may be changing without the kernel reporting it
@@ -28,7 +30,8 @@ func (o OpenFiles) all() []string { return append(append([]string(nil), o.Writab
 
 // WritableFiles lists the files the given processes hold open for writing or have mapped
 // shared and writable. Processes that exit meanwhile are skipped; deleted files are left out
-// (nothing of them can be captured).
+// (nothing of them can be captured). It runs in a frozen window: each process's fd directory
+// is opened once and its links are read relative to it, and maps is read in one buffer.
 func WritableFiles(pids []int) OpenFiles {
 	var out OpenFiles
 	seen := map[string]bool{}
@@ -38,9 +41,11 @@ func WritableFiles(pids []int) OpenFiles {
 			*list = append(*list, p)
 		}
 	}
+	buf := make([]byte, 64<<10)
 	for _, pid := range pids {
 		dir := "/proc/" + strconv.Itoa(pid)
-		if maps, err := os.ReadFile(dir + "/maps"); err == nil {
+		var maps []byte
+		if maps, buf = readProcFile(dir+"/maps", buf); maps != nil {
 			for sc := bufio.NewScanner(bytes.NewReader(maps)); sc.Scan(); {
 				// address perms offset dev inode pathname
 				f := strings.SplitN(sc.Text(), " ", 6)
@@ -49,16 +54,48 @@ func WritableFiles(pids []int) OpenFiles {
 				}
 			}
 		}
-		fds, _ := os.ReadDir(dir + "/fd")
-		for _, e := range fds {
-			link := dir + "/fd/" + e.Name()
+		fdDir, err := unix.Open(dir+"/fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		names, _ := readDirNames(fdDir)
+		for _, n := range names {
 			// The magic link's own mode tells how the file is open: owner write for FMODE_WRITE.
-			if fi, err := os.Lstat(link); err == nil && fi.Mode().Perm()&0o200 != 0 {
-				if p, err := os.Readlink(link); err == nil {
+			var st unix.Stat_t
+			if unix.Fstatat(fdDir, n, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&0o200 != 0 {
+				if p, err := readLinkAt(fdDir, n); err == nil {
 					add(&out.Writable, p)
 				}
 			}
 		}
+		unix.Close(fdDir)
 	}
 	return out
+}
+
+// readProcFile reads a whole (proc) file into buf, grown as needed; nil when it cannot be
+// read. It returns the buffer for the next read.
+func readProcFile(path string, buf []byte) ([]byte, []byte) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, buf
+	}
+	defer unix.Close(fd)
+	n := 0
+	for {
+		if n == len(buf) {
+			buf = append(buf, make([]byte, len(buf))...)
+		}
+		m, err := unix.Read(fd, buf[n:])
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, buf
+		}
+		if m == 0 {
+			return buf[:n], buf
+		}
+		n += m
+	}
 }

@@ -40,16 +40,22 @@ func (s *Store) Rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.prepareTemp()
-	res, err := s.rollback(ctx, req)
+	var ph rollbackPhases
+	res, err := s.rollback(ctx, req, &ph)
 	if err != nil {
 		return nil, fmt.Errorf("rollback to %s: %w", req.Target, err)
 	}
+	end := time.Now()
 	log.L(ctx).Debug("overlay rolled back", "checkpoint", req.Target, "files_restored", res.FilesRestored,
-		"duration", time.Since(start))
+		"duration", end.Sub(start), "scan", ph.scanned.Sub(start), "plan", ph.planned.Sub(ph.scanned),
+		"before_write", ph.writing.Sub(ph.planned), "write", ph.written.Sub(ph.writing), "index", end.Sub(ph.written))
 	return res, nil
 }
 
-func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackResult, error) {
+// rollbackPhases are the times at which a rollback's phases ended (the debug log's spans).
+type rollbackPhases struct{ scanned, planned, writing, written time.Time }
+
+func (s *Store) rollback(ctx context.Context, req RollbackRequest, ph *rollbackPhases) (*RollbackResult, error) {
 	pos, err := s.lookup(req.Target)
 	if err != nil {
 		return nil, err
@@ -63,6 +69,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 	if err != nil {
 		return nil, fmt.Errorf("scan upper dir: %w", err)
 	}
+	ph.scanned = time.Now()
 	target := s.state
 	if pos != s.headPos() {
 		target = s.foldState(pos)
@@ -78,11 +85,13 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 		return nil, err
 	}
 	defer pl.close()
+	ph.planned = time.Now()
 	if req.BeforeWrite != nil {
 		if err := req.BeforeWrite(); err != nil {
 			return nil, err
 		}
 	}
+	ph.writing = time.Now()
 	if err := pl.apply(fds.merged); err != nil {
 		return nil, err
 	}
@@ -90,6 +99,7 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 	if err := restoreRoot(fds, root); err != nil {
 		return nil, err
 	}
+	ph.written = time.Now()
 	if err := s.finishRollback(pos, fds.upper, res, pl, target, req.Meta, req.Deferred); err != nil {
 		return nil, err
 	}
