@@ -94,6 +94,22 @@ func (c *dirCache) close() {
 	c.fds = map[string]int{}
 }
 
+// adopt takes open directories (by path, resolved as get does) into the cache, which closes
+// them; a path cached already keeps its fd and the other is closed.
+func (c *dirCache) adopt(fds map[string]int) {
+	for rel, fd := range fds {
+		if c == nil {
+			unix.Close(fd)
+			continue
+		}
+		if _, ok := c.fds[rel]; ok {
+			unix.Close(fd)
+			continue
+		}
+		c.fds[rel] = fd
+	}
+}
+
 // forget closes the cached directories at or under the given paths, and drops what was
 // learnt about them.
 func (c *dirCache) forget(paths []string) {

@@ -53,7 +53,7 @@ func (s *Store) RestoreInto(ctx context.Context, id string, req RollbackRequest)
 	}
 	defer v.close()
 	v.ids = to
-	pl, err := s.plan(v, fds, changed)
+	pl, err := s.plan(v, fds, changed, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -66,9 +66,12 @@ func (pl *plan) close() {
 // plan decides, for every changed path and everything it drags in (ancestors, hard-link
 // peers, children of directories whose merged content must be rebuilt), how to get from the
 // merged tree as it is to the merged tree at the target.
-func (s *Store) plan(v *view, fds rollbackRoots, changed map[string]bool) (*plan, error) {
+// upperDirs are upper directories open already (by path, as a scan resolved them), which the
+// plan takes over (and closes).
+func (s *Store) plan(v *view, fds rollbackRoots, changed map[string]bool, upperDirs map[string]int) (*plan, error) {
 	pl := &plan{touched: map[string]bool{}, srcs: map[string]source{}, forced: map[string]bool{},
 		mdirs: newDirCache(fds.merged), udirs: newDirCache(fds.upper), mtimeOK: map[string]bool{}}
+	pl.udirs.adopt(upperDirs)
 	queue := withAncestors(changed)
 	seen := map[string]bool{}
 	for _, p := range queue {

@@ -65,10 +65,11 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest, ph *rollbackP
 		return nil, err
 	}
 	defer fds.close()
-	res, err := s.scan(ctx, fds.upper, req.Upper, false, req.Open)
+	res, err := s.scanOpen(ctx, fds.upper, req.Upper, false, req.Open)
 	if err != nil {
 		return nil, fmt.Errorf("scan upper dir: %w", err)
 	}
+	defer res.closeDirs() // those not handed to the plan
 	ph.scanned = time.Now()
 	target := s.state
 	if pos != s.headPos() {
@@ -80,7 +81,9 @@ func (s *Store) rollback(ctx context.Context, req RollbackRequest, ph *rollbackP
 	}
 	defer v.close()
 	v.ids = s.opts.ids
-	pl, err := s.plan(v, fds, s.changedBetween(pos, target, res))
+	upperDirs := res.upperDirs // the scan's, for the plan and the reindex: the plan closes them
+	res.upperDirs = nil
+	pl, err := s.plan(v, fds, s.changedBetween(pos, target, res), upperDirs)
 	if err != nil {
 		return nil, err
 	}

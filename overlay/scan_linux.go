@@ -101,6 +101,8 @@ type scanResult struct {
 	dirs    map[string]*dirList
 	gen     uint64
 
+	upperDirs map[string]int // upper directories left open by the scan, by path (scanOpen)
+
 	walked bool // the whole upper dir was walked
 	trk    *tracker
 	tok    scanToken

@@ -21,11 +21,33 @@ import (
 // tracker). all asks for a walk that reports every path. Mapped files are reported changed
 // whatever their stat says.
 func (s *Store) scan(ctx context.Context, rootfd int, upper string, all bool, open OpenFiles) (*scanResult, error) {
+	res, err := s.scanOpen(ctx, rootfd, upper, all, open)
+	if res != nil {
+		res.closeDirs()
+	}
+	return res, err
+}
+
+// scanOpen is scan leaving the upper directories a tracked scan opened to the caller
+// (res.upperDirs, closed by closeDirs): a rollback resolves the same ones again.
+func (s *Store) scanOpen(ctx context.Context, rootfd int, upper string, all bool, open OpenFiles) (*scanResult, error) {
 	res, err := s.scanChanges(ctx, rootfd, upper, all, open.all())
 	if err != nil {
 		return nil, err
 	}
-	return res, s.forceMapped(rootfd, res, open.Mapped)
+	if err := s.forceMapped(rootfd, res, open.Mapped); err != nil {
+		res.closeDirs()
+		return nil, err
+	}
+	return res, nil
+}
+
+// closeDirs closes the upper directories the scan left open.
+func (r *scanResult) closeDirs() {
+	for _, fd := range r.upperDirs {
+		unix.Close(fd)
+	}
+	r.upperDirs = nil
 }
 
 // forceMapped adds to res the mapped regular files it does not list yet.
@@ -264,6 +286,13 @@ func scanDirty(ctx context.Context, rootfd int, ix *index, cands map[string]bool
 		return nil, w.err
 	}
 	res := d.res
+	res.upperDirs = map[string]int{} // handed over: the deferred close leaves them open
+	for p, fd := range d.dirfds {
+		if fd >= 0 {
+			res.upperDirs[p] = fd
+		}
+	}
+	d.dirfds = nil
 	res.changed = append(res.changed, w.changed...)
 	for p, l := range w.dirs {
 		res.dirs[p] = l
