@@ -17,6 +17,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/internal/log"
 )
@@ -86,11 +87,6 @@ func LazyUsable(spec *specs.Spec) (bool, string) {
 	return false, "the container has a user namespace and vm.unprivileged_userfaultfd is not 1"
 }
 
-// killer is the part of a containerd.Task watch needs.
-type killer interface {
-	Kill(context.Context, syscall.Signal, ...containerd.KillOpts) error
-}
-
 // lazyServer is a running `criu lazy-pages`.
 type lazyServer struct {
 	cmd  *exec.Cmd
@@ -158,9 +154,10 @@ func (l *lazyServer) stop() {
 }
 
 // watch waits for the page server in the background: when it ends, the work directory goes;
-// if it failed or outlived lazyTimeout, the restored task is killed first, since its processes
-// may miss memory.
-func (l *lazyServer) watch(ctx context.Context, id string, task killer) {
+// if it failed or outlived lazyTimeout, kill is called first (the restored task's processes may
+// miss memory). kill must reach the restored task only, never a later task of the same
+// container (killInit); done runs last.
+func (l *lazyServer) watch(ctx context.Context, id string, kill func() error, done func()) {
 	ctx = context.WithoutCancel(ctx)
 	go func() {
 		var err error
@@ -173,10 +170,11 @@ func (l *lazyServer) watch(ctx context.Context, id string, task killer) {
 		if err != nil {
 			log.L(ctx).Error("criu lazy-pages failed: the restored task is killed (its memory may be incomplete)",
 				"container", id, "error", err, "log", lastBytes(readLog(l.work), 500))
-			kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_ = task.Kill(kctx, syscall.SIGKILL)
-			cancel()
+			if kerr := kill(); kerr != nil {
+				log.L(ctx).Error("kill the lazily restored task", "container", id, "error", kerr)
+			}
 		}
+		done()
 		os.RemoveAll(l.work)
 		close(l.finished)
 	}()
@@ -188,6 +186,19 @@ func lastBytes(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// killInit returns a kill for watch that signals the restored init through a pidfd opened
+// now, while it is known to be that task's (a later rollback may start another task in the
+// same container, which containerd's Kill would reach), and a release of the pidfd. Killing a
+// pid namespace's init kills every process in it.
+func killInit(pid uint32) (kill func() error, release func(), err error) {
+	fd, err := unix.PidfdOpen(int(pid), 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pidfd of the restored init %d: %w", pid, err)
+	}
+	kill = func() error { return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) }
+	return kill, func() { unix.Close(fd) }, nil
 }
 
 // readLog returns the page server's log.

@@ -9,11 +9,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/deltabox/deltabox/internal/testutil"
@@ -107,15 +105,15 @@ func TestLazyServerFailureKillsTheTask(t *testing.T) {
 		}
 		l := &lazyServer{cmd: cmd, work: work, done: make(chan error, 1), finished: make(chan struct{})}
 		go func() { l.done <- cmd.Wait() }()
-		k := &recordKill{}
-		l.watch(context.Background(), "c", k)
+		killed, released := false, false
+		l.watch(context.Background(), "c", func() error { killed = true; return nil }, func() { released = true })
 		select {
 		case <-l.finished:
 		case <-time.After(10 * time.Second):
 			t.Fatal("watch did not finish")
 		}
-		if killed := k.sig == syscall.SIGKILL; killed != (code != 0) {
-			t.Fatalf("exit %d: task killed %v", code, killed)
+		if killed != (code != 0) || !released {
+			t.Fatalf("exit %d: task killed %v, pidfd released %v", code, killed, released)
 		}
 		if _, err := os.Stat(work); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("exit %d: work dir left: %v", code, err)
@@ -123,11 +121,27 @@ func TestLazyServerFailureKillsTheTask(t *testing.T) {
 	}
 }
 
-type recordKill struct{ sig syscall.Signal }
-
-func (r *recordKill) Kill(_ context.Context, s syscall.Signal, _ ...containerd.KillOpts) error {
-	r.sig = s
-	return nil
+// TestKillInitReachesOnlyThatProcess: the kill watch gets signals the process it was made
+// for, and once that process is gone it cannot reach whatever runs under its pid later.
+func TestKillInitReachesOnlyThatProcess(t *testing.T) {
+	p := exec.Command("sleep", "100")
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	kill, release, err := killInit(uint32(p.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if err := kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("sleep after the kill: %v", err)
+	}
+	if err := kill(); err == nil {
+		t.Fatal("a kill after the process was reaped succeeded")
+	}
 }
 
 // TestLazyUsable: lazy only where the restored processes may make a userfaultfd.

@@ -74,7 +74,12 @@ func (c *Checkpointer) Restore(ctx context.Context, id, dir string, ioc cio.Crea
 		return nil, restoreError(id, work, timedOut(ctx, err))
 	}
 	if lazy != nil {
-		lazy.watch(ctx, id, task) // removes work once the page server is done
+		kill, release, kerr := killInit(task.Pid())
+		if kerr != nil { // the init is gone already: nothing runs with missing memory
+			kill, release = func() error { return nil }, func() {}
+			log.L(ctx).Warn("lazy restore", "container", id, "error", kerr)
+		}
+		lazy.watch(ctx, id, kill, release) // removes work once the page server is done
 	} else {
 		os.RemoveAll(work)
 	}
