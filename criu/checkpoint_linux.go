@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/api/types/runc/options"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/deltabox/deltabox/internal/log"
 )
@@ -108,10 +109,14 @@ func (c *Checkpointer) Dump(ctx context.Context, id, dir string) (DumpResult, er
 	if err != nil {
 		return res, err
 	}
-	if err := stripLazy(ctx, ctr); err != nil {
+	spec, err := ctr.Spec(ctx)
+	if err != nil {
+		return res, fmt.Errorf("spec of container %s: %w", id, err)
+	}
+	if err := stripLazy(configOfSpec(spec)); err != nil {
 		return res, fmt.Errorf("dump container %s: CRIU configuration: %w", id, err)
 	}
-	meta, err := c.dumpMeta(ctx, ctr)
+	meta, err := c.dumpMeta(ctx, ctr, spec)
 	if err != nil {
 		return res, err
 	}
@@ -172,11 +177,7 @@ func (c *Checkpointer) loadTask(ctx context.Context, id string) (containerd.Cont
 	return ctr, task, nil
 }
 
-func (c *Checkpointer) dumpMeta(ctx context.Context, ctr containerd.Container) (Meta, error) {
-	spec, err := ctr.Spec(ctx)
-	if err != nil {
-		return Meta{}, fmt.Errorf("spec of container %s: %w", ctr.ID(), err)
-	}
+func (c *Checkpointer) dumpMeta(ctx context.Context, ctr containerd.Container, spec *specs.Spec) (Meta, error) {
 	m := LocalMeta(c.Status(ctx))
 	m.ContainerID = ctr.ID()
 	if spec.Linux != nil {

@@ -10,6 +10,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // ConfigAnnotation is the OCI annotation runc reads to find a container's CRIU configuration
@@ -120,11 +121,16 @@ func ConfigOf(ctx context.Context, c containerd.Container) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("spec of container %s: %w", c.ID(), err)
 	}
+	return configOfSpec(s), nil
+}
+
+// configOfSpec is ConfigOf for a spec at hand.
+func configOfSpec(s *specs.Spec) string {
 	p, ok := s.Annotations[ConfigAnnotation]
 	if !ok {
-		return DefaultRuncConfig, nil
+		return DefaultRuncConfig
 	}
-	return p, nil
+	return p
 }
 
 // SetConfig points an existing container at the CRIU configuration file path (for example

@@ -234,10 +234,9 @@ var errNoLazyConfig = errors.New("the container has no CRIU configuration file o
 // stripLazy removes lazyOption from the container's CRIU configuration file if a restore left
 // it there (a daemon killed between lazyConfig and its undo): a dump with it would wait for a
 // page server.
-func stripLazy(ctx context.Context, ctr containerd.Container) error {
-	conf, err := ConfigOf(ctx, ctr)
-	if err != nil || conf == "" {
-		return err
+func stripLazy(conf string) error {
+	if conf == "" {
+		return nil
 	}
 	b, err := os.ReadFile(conf)
 	if err != nil {
