@@ -27,12 +27,16 @@ TEST_ENV = DELTABOX_BIN=$(BIN)/deltabox DELTABOX_INIT_BIN=$(BIN)/deltabox-init \
 
 .PHONY: build deps containerd images npm e2b-sdk chromium setup test test-soak test-unit demo bench lint docs clean
 
-# bin/deltabox is the light client build (-tags cli: no daemon dependencies, fast to start;
-# CGO_ENABLED=0: static, so that no dynamic loader and libc run at every call); its `daemon`
-# verb runs bin/deltabox-daemon, the full build (cmd/deltabox/lite.go).
-build: ## build bin/deltabox (client), bin/deltabox-daemon and the static sandbox init bin/deltabox-init
+# Three builds of the CLI (docs/operations.md, "Binaries"), all three installed side by side:
+# bin/deltabox is the fast front (cmd/deltabox-fast: lease and exec without urfave/cli or
+# net/http) that hands every other command line to bin/deltabox-cli, the light client build
+# (-tags cli: no daemon dependencies); its `daemon` verb runs bin/deltabox-daemon, the full
+# build (cmd/deltabox/lite.go). CGO_ENABLED=0: static, so that no dynamic loader and libc run
+# at every call.
+build: ## build bin/deltabox (fast front), bin/deltabox-cli (client), bin/deltabox-daemon and the static sandbox init bin/deltabox-init
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox-daemon ./cmd/deltabox
-	CGO_ENABLED=0 $(GO) build -tags cli,urfave_cli_no_docs -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox
+	CGO_ENABLED=0 $(GO) build -tags cli,urfave_cli_no_docs -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox-cli ./cmd/deltabox
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/deltabox ./cmd/deltabox-fast
 	@if [ -f cmd/deltabox-init/main.go ]; then \
 		CGO_ENABLED=0 $(GO) build -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/deltabox-init ./cmd/deltabox-init; fi
 

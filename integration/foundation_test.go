@@ -100,8 +100,10 @@ func TestDaemonNeedsRoot(t *testing.T) {
 	dir := shortTempDir(t)
 	bin := filepath.Join(dir, "deltabox")
 	copyFile(t, e.bin, bin, 0o755)
-	if full := filepath.Join(filepath.Dir(e.bin), "deltabox-daemon"); fileExists(full) { // the cli build hands `daemon` to it
-		copyFile(t, full, filepath.Join(dir, "deltabox-daemon"), 0o755)
+	for _, next := range []string{"deltabox-cli", "deltabox-daemon"} { // the fast front hands `daemon` to deltabox-cli, which hands it on
+		if full := filepath.Join(filepath.Dir(e.bin), next); fileExists(full) {
+			copyFile(t, full, filepath.Join(dir, next), 0o755)
+		}
 	}
 	cmd := exec.Command(bin, "daemon", "--root", filepath.Join(dir, "root"), "--address", filepath.Join(dir, "api.sock"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}

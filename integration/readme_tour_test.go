@@ -25,8 +25,10 @@ func TestREADMETour(t *testing.T) {
 	if err := os.Symlink(d.env.bin, filepath.Join(bin, "deltabox")); err != nil {
 		t.Fatal(err)
 	}
-	if daemonBin := filepath.Join(filepath.Dir(d.env.bin), "deltabox-daemon"); fileExists(daemonBin) {
-		os.Symlink(daemonBin, filepath.Join(bin, "deltabox-daemon"))
+	for _, next := range []string{"deltabox-cli", "deltabox-daemon"} { // what bin/deltabox hands command lines to
+		if full := filepath.Join(filepath.Dir(d.env.bin), next); fileExists(full) {
+			os.Symlink(full, filepath.Join(bin, next))
+		}
 	}
 	work := filepath.Join(dir, "work")
 	os.MkdirAll(work, 0o755)

@@ -6,10 +6,13 @@ package main
 // client, the proxy...) cost ~6 ms of init and page faults per call. `make build` therefore
 // builds cmd/deltabox twice:
 //
-//   - bin/deltabox with `-tags cli,urfave_cli_no_docs`: every client verb, and `daemon` as a
+//   - bin/deltabox-cli with `-tags cli,urfave_cli_no_docs`: every client verb, and `daemon` as a
 //     stub that replaces itself (execve) with bin/deltabox-daemon, found next to it
 //     (urfave_cli_no_docs drops urfave/cli's man page renderer: `docs` has its own);
 //   - bin/deltabox-daemon without tags: the same CLI with the daemon linked in.
+//
+// bin/deltabox itself is cmd/deltabox-fast, a front without urfave/cli and net/http that runs
+// the per-step `lease` and `exec` and hands every other command line to bin/deltabox-cli.
 //
 // A plain `go build ./cmd/deltabox` gives the full binary, which works alone. Files that
 // import the daemon's packages carry `//go:build !cli`; TestCLIBuildIsLight keeps it so.

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/orchestrator/client"
+)
+
+func noEnv(string) (string, bool) { return "", false }
+
+// The front runs exactly these shapes itself (parse.go).
+func TestParseFast(t *testing.T) {
+	sock := "/tmp/d.sock"
+	cases := []struct {
+		args []string
+		want call
+	}{
+		{[]string{"lease", "--pool", "p"}, call{verb: "lease", address: defaultAddress, pool: "p"}},
+		{[]string{"--address", sock, "lease", "--pool=p"}, call{verb: "lease", address: sock, pool: "p"}},
+		{[]string{"lease", "--pool", "p", "-a", "unix://" + sock}, call{verb: "lease", address: sock, pool: "p"}},
+		{[]string{"-o", "text", "lease", "-o=wide", "--pool", "p"}, call{verb: "lease", address: defaultAddress, pool: "p"}},
+		{[]string{"exec", "sb-1", "true"}, call{verb: "exec", address: defaultAddress, id: "sb-1", argv: []string{"true"}}},
+		{[]string{"-a", sock, "exec", "sb-1", "--", "sh", "-c", "exit 3"}, call{verb: "exec", address: sock, id: "sb-1", argv: []string{"sh", "-c", "exit 3"}}},
+		{[]string{"exec", "--output-cap", "4", "-a", sock, "sb-1", "echo", "-o", "json", "--", "-i"}, call{verb: "exec", address: sock, id: "sb-1", outputCap: 4, argv: []string{"echo", "-o", "json", "--", "-i"}}},
+		{[]string{"exec", "sb-1", "--", "--"}, call{verb: "exec", address: defaultAddress, id: "sb-1", argv: []string{"--"}}},
+		{[]string{"--version"}, call{verb: "version"}},
+		{[]string{"-v"}, call{verb: "version"}},
+	}
+	for _, c := range cases {
+		got, ok := parse(c.args, noEnv)
+		if !ok || !reflect.DeepEqual(got, c.want) {
+			t.Errorf("parse(%q) = %+v, %v; want %+v", c.args, got, ok, c.want)
+		}
+	}
+	got, ok := parse([]string{"lease", "--pool", "p"}, func(k string) (string, bool) { return sock, k == "DELTABOX_ADDRESS" })
+	if !ok || got.address != sock {
+		t.Errorf("DELTABOX_ADDRESS: %+v, %v", got, ok)
+	}
+}
+
+// handedOver are command lines the front must not run itself: everything but the shapes of
+// TestParseFast, including near misses of them.
+var handedOver = [][]string{
+	{}, {"ls"}, {"version"}, {"help"}, {"--help"}, {"-h"}, {"help", "exec"}, {"daemon", "--config", "x.toml"},
+	{"lease"}, {"lease", "p"}, {"lease", "--pool"}, {"lease", "--pool", ""}, {"lease", "--pool", "a/b"}, {"lease", "--pool", "p", "--env", "A=1"},
+	{"lease", "--pool", "p", "--label", "k=v"}, {"lease", "--pool", "p", "--allow", "x:1"}, {"lease", "--pool", "p", "--egress-policy", "p.yaml"},
+	{"lease", "--pool", "p", "--help"}, {"lease", "--pool", "p", "--", "x"}, {"lease", "--pool", "-o"},
+	{"-o", "json", "lease", "--pool", "p"}, {"lease", "--pool", "p", "-o", "yaml"}, {"--output=json", "exec", "sb", "true"},
+	{"--format", "{{.sandbox}}", "lease", "--pool", "p"}, {"-o", "bogus", "lease", "--pool", "p"},
+	{"--address", "tcp://h:1", "lease", "--pool", "p"}, {"--address", "http://x", "lease", "--pool", "p"}, {"--address", "", "lease", "--pool", "p"},
+	{"--address", "@abstract", "exec", "sb", "true"}, {"--address", "/" + strings.Repeat("x", 120), "exec", "sb", "true"},
+	{"--token-file", "t", "lease", "--pool", "p"}, {"--ca-file", "c", "exec", "sb", "true"}, {"--cert-file", "c", "lease", "--pool", "p"},
+	{"exec"}, {"exec", "sb"}, {"exec", "sb", "--"}, {"exec", "-i", "sb", "cat"}, {"exec", "-t", "sb", "sh"}, {"exec", "-it", "sb", "sh"},
+	{"exec", "-d", "sb", "sleep", "1"}, {"exec", "--timeout", "5", "sb", "true"}, {"exec", "-e", "A=1", "sb", "true"}, {"exec", "-w", "/", "sb", "true"},
+	{"exec", "-u", "1", "sb", "true"}, {"exec", "--via", "init", "sb", "true"}, {"exec", "--output-cap", "010", "sb", "true"},
+	{"exec", "--output-cap", "-1", "sb", "true"}, {"exec", "--output-cap", "x", "sb", "true"}, {"exec", "sb", "--timeout", "5", "--", "true"},
+	{"exec", "sb", "-x"}, {"exec", "--", "sb", "true"}, {"exec", "s/b", "true"}, {"exec", "..", "true"}, {"exec", "sb", "true", completionFlag},
+	{"--version", "ls"}, {"--version=true"}, {"-a", "/s", "--version"}, {"exec", "--help"}, {"exec", "-h", "sb", "true"},
+	{"---address", "/s", "exec", "sb", "true"}, {"-=x", "exec", "sb", "true"},
+}
+
+func TestParseHandsOver(t *testing.T) {
+	for _, args := range handedOver {
+		if c, ok := parse(args, noEnv); ok {
+			t.Errorf("parse(%q) = %+v: the front would run it; want it handed over", args, c)
+		}
+	}
+	if _, ok := parse([]string{"lease", "--pool", "p"}, func(k string) (string, bool) { return "tcp://h:1", k == "DELTABOX_ADDRESS" }); ok {
+		t.Errorf("DELTABOX_ADDRESS=tcp://... was not handed over")
+	}
+}
+
+// Every command line the front does not run reaches deltabox-cli next to it unchanged; a
+// missing deltabox-cli is named.
+func TestHandOverKeepsArgs(t *testing.T) {
+	if testing.Short() {
+		testutil.SkipOrFail(t, "builds the front (-short)") // CI runs without -short: a skip there fails
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "deltabox")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the front: %v\n%s", err, out)
+	}
+	run := func(args ...string) (string, string, int) {
+		var out, errOut strings.Builder
+		c := exec.Command(bin, args...)
+		c.Stdout, c.Stderr = &out, &errOut
+		c.Env = append(os.Environ(), "DELTABOX_ADDRESS=/nonexistent/deltabox.sock")
+		_ = c.Run()
+		return out.String(), errOut.String(), c.ProcessState.ExitCode()
+	}
+	if _, errOut, code := run("ls"); code != 1 || !strings.Contains(errOut, "is run by deltabox-cli, which should be installed next to "+bin) {
+		t.Errorf("ls without deltabox-cli: exit %d, stderr %q; want it named", code, errOut)
+	}
+	// The fake prints its arguments one a line, in brackets, so that empty ones show.
+	fake := "#!/bin/sh\nfor a in \"$@\"; do printf '[%s]\\n' \"$a\"; done\nexit 42\n"
+	if err := os.WriteFile(filepath.Join(dir, cliBinary), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range handedOver {
+		want := ""
+		for _, a := range args {
+			want += "[" + a + "]\n"
+		}
+		if out, errOut, code := run(args...); out != want || code != 42 {
+			t.Errorf("deltabox %q: exit %d, stdout %q, stderr %q; want %q from %s (exit 42)", args, code, out, errOut, want, cliBinary)
+		}
+	}
+	// The fast shapes are not handed over (the socket is missing: the front says so itself).
+	for _, args := range [][]string{{"lease", "--pool", "p"}, {"exec", "sb-1", "true"}} {
+		if out, errOut, code := run(args...); code != 1 || strings.Contains(out, "[") || !strings.Contains(errOut, "cannot reach the DeltaBox daemon at /nonexistent/deltabox.sock") {
+			t.Errorf("deltabox %q: exit %d, stdout %q, stderr %q; want the front's unavailable error", args, code, out, errOut)
+		}
+	}
+}
+
+// TestFastBuildIsLight keeps what the front is for: it links none of the packages whose
+// initialisers and pages make deltabox-cli's start (main.go).
+func TestFastBuildIsLight(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	heavy := []string{"net", "net/http", "crypto/tls", "crypto/x509", "encoding/json", "text/template", "regexp", "reflect",
+		"github.com/urfave/cli/v2", "github.com/deltabox/deltabox/orchestrator/api", "github.com/deltabox/deltabox/orchestrator/client"}
+	deps := strings.Fields(string(out))
+	for _, h := range heavy {
+		for _, pkg := range deps {
+			if pkg == h {
+				t.Errorf("the fast front links %s (see main.go: every call would pay its initialisers)", h)
+			}
+		}
+	}
+}
+
+// The front's copies of the client's constants and error classes stay equal to them.
+func TestClassesMatchAPI(t *testing.T) {
+	if defaultAddress != client.DefaultAddress {
+		t.Errorf("defaultAddress %q, client.DefaultAddress %q", defaultAddress, client.DefaultAddress)
+	}
+	if len(classes) != len(api.Classes) {
+		t.Fatalf("%d classes, api has %d", len(classes), len(api.Classes))
+	}
+	for i, c := range api.Classes {
+		if classes[i].code != c.Code || classes[i].err != c.Err || reflect.ValueOf(classes[i].is).Pointer() != reflect.ValueOf(c.Is).Pointer() {
+			t.Errorf("class %d: %s %v, api has %s %v", i, classes[i].code, classes[i].err, c.Code, c.Err)
+		}
+	}
+	for status := 100; status < 600; status++ { // errhttp.ToNative's mapping
+		want := api.ToErrorStatus(api.Error{Code: "?"}, status)
+		if got := statusClass(status); !errors.Is(want, got) && !(got == errdefs.ErrUnknown && errdefs.IsUnknown(want)) {
+			t.Errorf("status %d: the front's class %v, the client's %v", status, got, errors.Unwrap(want))
+		}
+	}
+}
+
+// Errors print as deltabox-cli prints them (cmd/deltabox/output.go).
+func TestPrintError(t *testing.T) {
+	cases := []struct {
+		err  error
+		want string
+	}{
+		{apiError("not_found", `sandbox "x": not found`, 404), "deltabox: not_found: sandbox \"x\"\n"},
+		{apiError("conflict", `pool "p": already exists`, 409), "deltabox: conflict: pool \"p\"\n"},
+		{apiError("internal", "boom", 500), "deltabox: boom\n"},
+		{apiError("", "teapot", 418), "deltabox: unknown: teapot\n"},
+		{&classError{msg: "plain"}, "deltabox: plain\n"},
+	}
+	for _, c := range cases {
+		var b strings.Builder
+		printError(&b, c.err)
+		if b.String() != c.want {
+			t.Errorf("printError(%v) = %q; want %q", c.err, b.String(), c.want)
+		}
+	}
+}

@@ -1,0 +1,60 @@
+// Package main is bin/deltabox, the CLI's fast front: a small program that runs the two
+// command lines an agent runs at every step, `deltabox lease --pool NAME` and `deltabox exec
+// ID CMD [ARGS...]` (plus `--version`), itself, and replaces itself (execve) with
+// bin/deltabox-cli, the urfave/cli client build of cmd/deltabox installed next to it, for
+// every other command line, unchanged.
+//
+// Why a second program (issue 19: lease and `exec ID true` within 10 ms): this VM class is a
+// PVM guest where every page a process touches for the first time costs 13-35 us, so a
+// call's start is its page faults. Go runs the package initialisers of everything linked,
+// whether the call uses it or not: urfave/cli with text/template and regexp (~80-100 faults),
+// net/http with crypto/tls (~75), encoding/json (~35), so no fast path inside the urfave/cli
+// build can start in less than ~15 ms here (docs/benchmarks.md, "the fast front"). This
+// program links none of them: it speaks HTTP/1.1 to the daemon's unix socket by hand
+// (wire.go) and reads the few JSON shapes it needs with a small parser (json.go).
+//
+// What it handles it must print exactly as deltabox-cli does (stdout, stderr, exit code):
+// parse.go accepts only command lines whose meaning it knows in full, with the global flags
+// --address/-a (a unix socket; DELTABOX_ADDRESS) and -o text|wide, and exec's --output-cap;
+// anything else (another flag, -o json or yaml, a tcp:// address, -i/-t/-d, --timeout, help,
+// completion) goes to deltabox-cli. TestFastMatchesCLI (integration) runs both on the same
+// command lines against a real daemon.
+//
+// It does not link internal/oneproc as deltabox-cli does: it allocates so little that
+// setting GOMAXPROCS from an initialiser costs more pages than it saves (231 faults per lease
+// with it, 216 without, against 182 for a static hello world).
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// cliBinary is the urfave/cli build every other command line is handed to.
+const cliBinary = "deltabox-cli"
+
+func main() {
+	c, ok := parse(os.Args[1:], syscall.Getenv)
+	if !ok {
+		os.Exit(handOver(os.Args))
+	}
+	os.Exit(c.run(os.Stdout, os.Stderr))
+}
+
+// handOver replaces this process with deltabox-cli next to it and the same argv (argv[0]
+// included); it returns only when that fails, with the exit code after saying why.
+func handOver(argv []string) int {
+	self, err := os.Executable()
+	if err == nil {
+		full := filepath.Join(filepath.Dir(self), cliBinary)
+		if _, err = os.Stat(full); err == nil {
+			err = syscall.Exec(full, argv, os.Environ())
+		}
+		os.Stderr.WriteString("deltabox: this command line is run by " + cliBinary + ", which should be installed next to " +
+			self + " (make build builds both): " + err.Error() + "\n")
+		return 1
+	}
+	os.Stderr.WriteString("deltabox: find this binary to start " + cliBinary + " next to it: " + err.Error() + "\n")
+	return 1
+}
