@@ -162,23 +162,6 @@ func (tp *Template) dropSpare() {
 	go tp.t.collect(pid, fd)
 }
 
-// hide makes the template non-dumpable (remembering the original's flag): only
-// CAP_SYS_PTRACE may then read or write its memory. Runs on the tracer thread.
-func (tp *Template) hide() error {
-	d, _, err := tp.task.inject(unix.SYS_PRCTL, unix.PR_GET_DUMPABLE)
-	if err != nil {
-		return err
-	}
-	if d < 0 {
-		return fmt.Errorf("prctl(PR_GET_DUMPABLE) in %d: %w", tp.task.pid, unix.Errno(-d))
-	}
-	tp.dumpable = uint64(d)
-	if r, _, err := tp.task.inject(unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, 0); err != nil || r < 0 {
-		return fmt.Errorf("prctl(PR_SET_DUMPABLE) in %d: %v %w", tp.task.pid, unix.Errno(-r), err)
-	}
-	return nil
-}
-
 // Copy forks a running copy of the template and returns its host pid: the copy runs from
 // the template's registers with the template's memory (copy-on-write), its regular files'
 // offsets put back to the checkpoint's and its dumpable flag to the original's. The
@@ -246,8 +229,10 @@ func (tp *Template) prepare(cp *task) error {
 			return err
 		}
 	}
-	if r, _, err := cp.inject(unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, tp.dumpable); err != nil || r < 0 {
-		return fmt.Errorf("prctl(PR_SET_DUMPABLE) in %d: %v %w", cp.pid, unix.Errno(-r), err)
+	if tp.dumpable == suidDumpUser { // otherwise the copy keeps the flag it inherited (forkHidden)
+		if r, _, err := cp.inject(unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, tp.dumpable); err != nil || r < 0 {
+			return fmt.Errorf("prctl(PR_SET_DUMPABLE) in %d: %v %w", cp.pid, unix.Errno(-r), err)
+		}
 	}
 	return cp.restore()
 }

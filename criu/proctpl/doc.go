@@ -16,8 +16,11 @@
 // clone(CLONE_PARENT|SIGCHLD) at that address, the call runs under PTRACE_SYSCALL, and the
 // child, auto-attached and stopped, gets the saved registers. That child is the template:
 // it shares every page with the original copy-on-write and is kept stopped by the tracer. It
-// is made non-dumpable (an injected prctl), so that a process of the sandbox without
-// CAP_SYS_PTRACE can neither read nor write its memory through /proc or attach to it; it is
+// is born non-dumpable (the original is made non-dumpable for the clone by injected prctls
+// and gets its flag back at once: the sandbox runs while templates are made, and a template
+// dumpable for an instant could have its memory file opened and kept), so that a process of
+// the sandbox without CAP_SYS_PTRACE can neither read nor write its memory through /proc or
+// attach to it; it is
 // already traced, so nothing else can trace it; signals other than SIGKILL stop at the tracer
 // and are never delivered. SIGKILL does kill it: a sandbox can destroy its own templates
 // (Alive reports it), never change one. Copy injects the same clone into the template, gives

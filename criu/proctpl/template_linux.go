@@ -150,21 +150,19 @@ func (p *Proc) Template() (*Template, error) {
 	}
 	tp := &Template{t: p.t, Origin: p.task.pid, offsets: p.offsets, pidfd: -1}
 	err := p.t.do(func() error {
-		c, err := p.task.fork()
+		c, dumpable, err := p.task.forkHidden()
 		if err != nil {
 			return err
 		}
+		tp.dumpable = dumpable
 		tp.task = task{pid: c, regs: p.task.regs, sysAddr: p.task.sysAddr, dropSignals: true,
 			pending: slices.Clone(p.task.pending)}
 		if tp.pidfd, err = unix.PidfdOpen(c, 0); err != nil {
 			_ = unix.Kill(c, unix.SIGKILL)
+			_, _ = waitExit(c)
 			return err
 		}
 		if err := tp.task.restore(); err != nil {
-			tp.kill()
-			return err
-		}
-		if err := tp.hide(); err != nil {
 			tp.kill()
 			return err
 		}
@@ -175,6 +173,51 @@ func (p *Proc) Template() (*Template, error) {
 	}
 	return tp, nil
 }
+
+// suidDumpUser is PR_GET_DUMPABLE's "dumpable" (SUID_DUMP_USER): a process of the same
+// user may then ptrace it and open its /proc/PID/mem.
+const suidDumpUser = 1
+
+// forkHidden forks the stopped task t into a child that is non-dumpable from its first
+// instant, and returns t's dumpable flag. The sandbox runs while a template is made (only
+// the seized processes are stopped), so a template born dumpable and hidden afterwards
+// could have its /proc/PID/mem opened by a process of the sandbox in between, and that
+// file would stay open, and writable, for good. So t itself is made non-dumpable for the
+// clone, whose child inherits the flag, and gets its own back at once. A flag other than
+// "dumpable" (0, or 2 from a credential change) is inherited as it is: it shuts out the
+// sandbox already. Runs on the tracer thread.
+func (t *task) forkHidden() (child int, dumpable uint64, err error) {
+	d, _, err := t.inject(unix.SYS_PRCTL, unix.PR_GET_DUMPABLE)
+	if err != nil {
+		return 0, 0, err
+	}
+	if d < 0 {
+		return 0, 0, fmt.Errorf("prctl(PR_GET_DUMPABLE) in %d: %w", t.pid, unix.Errno(-d))
+	}
+	if d == suidDumpUser {
+		if r, _, err := t.inject(unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, 0); err != nil || r < 0 {
+			return 0, 0, fmt.Errorf("prctl(PR_SET_DUMPABLE, 0) in %d: %v %w", t.pid, unix.Errno(-r), err)
+		}
+	}
+	child, err = t.fork()
+	if err == nil && testHookForked != nil {
+		testHookForked(child)
+	}
+	if d == suidDumpUser { // whatever the fork did: the original runs on as it was
+		if r, _, rerr := t.inject(unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, suidDumpUser); rerr != nil || r < 0 {
+			if err == nil {
+				_ = unix.Kill(child, unix.SIGKILL)
+				_, _ = waitExit(child)
+			}
+			return 0, 0, fmt.Errorf("give process %d its dumpable flag back: %v %w", t.pid, unix.Errno(-r), rerr)
+		}
+	}
+	return child, uint64(d), err
+}
+
+// testHookForked, when set (tests), is called on the tracer thread with a template's pid
+// as soon as its clone returned, before anything else is done to it.
+var testHookForked func(child int)
 
 // fork injects clone(CLONE_PARENT|SIGCHLD) into t and waits for the child's first stop.
 // Runs on the tracer thread.
