@@ -2,11 +2,13 @@ package proctpl
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -109,8 +111,61 @@ func (t *task) restore() error {
 	return nil
 }
 
-// syscallInVDSO finds a syscall instruction (0f 05) in pid's vDSO.
+// syscallInVDSO finds a syscall instruction (0f 05) in pid's vDSO. The kernel maps the same
+// vDSO image into every 64-bit process, so the instruction's offset in it is learnt once
+// (from the daemon's own vDSO) and a process's vDSO base is read from its auxiliary vector
+// (AT_SYSINFO_EHDR: a few dozen bytes, against its whole memory map); the two bytes there
+// are read back before they are used. A process that moved or replaced its vDSO falls
+// back to the map's [vdso] entry.
 func syscallInVDSO(pid int) (uint64, error) {
+	if off, ok := vdsoSyscallOffset(); ok {
+		if base, ok := auxvVDSO(pid); ok {
+			if b, err := readMem(pid, base+off, 2); err == nil && b[0] == 0x0f && b[1] == 0x05 {
+				return base + off, nil
+			}
+		}
+	}
+	return syscallInVDSOMaps(pid)
+}
+
+// vdsoSyscallOffset is the offset of the first syscall instruction in the kernel's vDSO
+// image, read once from the daemon's own.
+var vdsoSyscallOffset = sync.OnceValues(func() (uint64, bool) {
+	pid := os.Getpid()
+	base, ok := auxvVDSO(pid)
+	if !ok {
+		return 0, false
+	}
+	addr, err := syscallInVDSOMaps(pid)
+	if err != nil || addr < base {
+		return 0, false
+	}
+	return addr - base, true
+})
+
+// atSysinfoEHDR is the auxiliary vector's entry for the vDSO's base (linux/auxvec.h).
+const atSysinfoEHDR = 33
+
+// auxvVDSO reads the vDSO's base address from pid's auxiliary vector.
+func auxvVDSO(pid int) (uint64, bool) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/auxv", pid))
+	if err != nil {
+		return 0, false
+	}
+	for i := 0; i+16 <= len(data); i += 16 {
+		switch binary.NativeEndian.Uint64(data[i:]) {
+		case atSysinfoEHDR:
+			v := binary.NativeEndian.Uint64(data[i+8:])
+			return v, v != 0
+		case 0: // AT_NULL
+			return 0, false
+		}
+	}
+	return 0, false
+}
+
+// syscallInVDSOMaps finds a syscall instruction in the [vdso] entry of pid's memory map.
+func syscallInVDSOMaps(pid int) (uint64, error) {
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		return 0, err
