@@ -120,12 +120,14 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		return 0, err
 	}
 	frozenAt := time.Now()
+	var sp applySpans // logged after the thaw: nothing is written to the log in the window
+	defer sp.log(ctx, s.id)
 	defer o.thaw(ctx, s)
 	if err := failpoint.Inject("rollback/frozen"); err != nil {
 		s.pending = &in
 		return 0, err
 	}
-	err := o.applyRollback(ctx, s, in, res)
+	err := o.applyRollback(ctx, s, in, res, &sp)
 	if record && errors.Is(err, errNothingChanged) { // refused before any step: not pending
 		if cerr := s.intents.clear(); cerr == nil {
 			s.pending = nil
@@ -265,7 +267,7 @@ func pendingError(err error) error {
 // target are stopped, the effects after the common ancestor of head and target dropped
 // (first: they may never be committed), its files and state restored, and the target made
 // the head; no checkpoint is deleted. The sandbox is frozen.
-func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult) error {
+func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult, sp *applySpans) error {
 	i := s.find(in.Target)
 	if i < 0 {
 		return fmt.Errorf("checkpoint %s is gone: %w", in.Target, errdefs.ErrDataLoss)
@@ -324,7 +326,7 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	if err != nil {
 		return fmt.Errorf("restore files: %w", err)
 	}
-	res.FilesRestored = fsRes.FilesRestored
+	res.FilesRestored, sp.files = fsRes.FilesRestored, &fsRes.Phases
 	if err := failpoint.Inject("rollback/after-files"); err != nil {
 		return err
 	}
@@ -333,8 +335,8 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	}
 	t3 := time.Now()
 	defer func() {
-		log.L(ctx).Debug("rollback apply phases", "sandbox", s.id, "procs", t1.Sub(t0), "open_files", tOpen.Sub(t1), "files_plan", tStop.Sub(tOpen),
-			"stop", tStopped.Sub(tStop), "files_write", t2.Sub(tStopped), "state", t3.Sub(t2), "effects", time.Since(t3))
+		sp.args = []any{"procs", t1.Sub(t0), "open_files", tOpen.Sub(t1), "files_plan", tStop.Sub(tOpen),
+			"stop", tStopped.Sub(tStop), "files_write", t2.Sub(tStopped), "state", t3.Sub(t2), "effects", time.Since(t3)}
 	}()
 	if err := failpoint.Inject("rollback/after-state"); err != nil {
 		return err
@@ -348,6 +350,22 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	}
 	done = true
 	return nil
+}
+
+// applySpans are a rollback's debug spans, taken in its frozen window and logged after it.
+type applySpans struct {
+	args  []any                   // applyRollback's, once its steps are done
+	files *overlay.RollbackPhases // the files' rollback's
+}
+
+// log writes the spans taken.
+func (sp *applySpans) log(ctx context.Context, id string) {
+	if sp.files != nil {
+		log.L(ctx).Debug("overlay rolled back", append([]any{"sandbox", id}, sp.files.LogArgs()...)...)
+	}
+	if sp.args != nil {
+		log.L(ctx).Debug("rollback apply phases", append([]any{"sandbox", id}, sp.args...)...)
+	}
 }
 
 // errNothingChanged marks a rollback refused before it changed anything (its target's stored

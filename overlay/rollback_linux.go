@@ -46,9 +46,12 @@ func (s *Store) Rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 		return nil, fmt.Errorf("rollback to %s: %w", req.Target, err)
 	}
 	end := time.Now()
-	log.L(ctx).Debug("overlay rolled back", "checkpoint", req.Target, "files_restored", res.FilesRestored,
-		"duration", end.Sub(start), "scan", ph.scanned.Sub(start), "plan", ph.planned.Sub(ph.scanned),
-		"before_write", ph.writing.Sub(ph.planned), "write", ph.written.Sub(ph.writing), "index", end.Sub(ph.written))
+	res.Phases = RollbackPhases{Total: end.Sub(start), Scan: ph.scanned.Sub(start), Plan: ph.planned.Sub(ph.scanned),
+		BeforeWrite: ph.writing.Sub(ph.planned), Write: ph.written.Sub(ph.writing), Index: end.Sub(ph.written)}
+	if !req.Deferred { // a deferred rollback's caller logs them once the sandbox runs again
+		log.L(ctx).Debug("overlay rolled back", append([]any{"checkpoint", req.Target, "files_restored", res.FilesRestored},
+			res.Phases.LogArgs()...)...)
+	}
 	return res, nil
 }
 

@@ -134,6 +134,20 @@ type RollbackRequest struct {
 type RollbackResult struct {
 	FilesRestored int      `json:"files_restored"`
 	Paths         []string `json:"paths"`
+	// Phases are the rollback's spans. A Deferred rollback (one in a frozen window) leaves
+	// its debug line to the caller, to write once the sandbox runs again.
+	Phases RollbackPhases `json:"-"`
+}
+
+// RollbackPhases are how long a rollback's phases took (the debug log's spans).
+type RollbackPhases struct {
+	Total, Scan, Plan, BeforeWrite, Write, Index time.Duration
+}
+
+// LogArgs returns the phases as a log line's key-value pairs.
+func (p RollbackPhases) LogArgs() []any {
+	return []any{"duration", p.Total, "scan", p.Scan, "plan", p.Plan, "before_write", p.BeforeWrite,
+		"write", p.Write, "index", p.Index}
 }
 
 // Change says how a path differs between two states.
