@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -122,4 +123,14 @@ func printError(w io.Writer, err error) {
 		return
 	}
 	io.WriteString(w, "deltabox: "+code+": "+msg+"\n")
+}
+
+// printJSONError is printError with -o json: the error document on one line (code, message
+// without its class's words, and the exit code), as encoding/json writes errorDocument.
+func printJSONError(w io.Writer, err error, exit int) {
+	code, msg := errorCode(err)
+	b := appendJSONString([]byte(`{"error":{"code":`), code)
+	b = appendJSONString(append(b, `,"message":`...), msg)
+	b = strconv.AppendInt(append(b, `,"exit":`...), int64(exit), 10)
+	w.Write(append(b, "}}\n"...))
 }

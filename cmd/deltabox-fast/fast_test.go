@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -8,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -35,6 +38,20 @@ func TestParseFast(t *testing.T) {
 		{[]string{"exec", "sb-1", "--", "--"}, call{verb: "exec", address: defaultAddress, id: "sb-1", argv: []string{"--"}}},
 		{[]string{"--version"}, call{verb: "version"}},
 		{[]string{"-v"}, call{verb: "version"}},
+		{[]string{"-o", "json", "lease", "--pool", "p"}, call{verb: "lease", address: defaultAddress, json: true, pool: "p"}},
+		{[]string{"--output=json", "exec", "sb", "true"}, call{verb: "exec", address: defaultAddress, json: true, id: "sb", argv: []string{"true"}}},
+		{[]string{"exec", "-o", "json", "sb", "echo", "-o", "text"}, call{verb: "exec", address: defaultAddress, json: true, id: "sb", argv: []string{"echo", "-o", "text"}}},
+		{[]string{"checkpoint", "create", "sb"}, call{verb: "checkpoint", address: defaultAddress, id: "sb", body: []byte(`{}`)}},
+		{[]string{"checkpoint", "create", "sb", "-m", "a <b> \"c\"", "--name=n1", "--processes", "--async", "-o", "json"},
+			call{verb: "checkpoint", address: defaultAddress, json: true, id: "sb", body: []byte(`{"message":"a \u003cb\u003e \"c\"","name":"n1","processes":true,"async":true}`)}},
+		{[]string{"-a", sock, "checkpoint", "create", "--level", "l2", "--pin", "--message=m", "sb"},
+			call{verb: "checkpoint", address: sock, id: "sb", body: []byte(`{"level":"l2","message":"m","pin":true}`)}},
+		{[]string{"rollback", "sb"}, call{verb: "rollback", address: defaultAddress, id: "sb", body: []byte(`{}`)}},
+		{[]string{"rollback", "sb", "--to", "@~1", "--force", "--replay", "-o", "json"},
+			call{verb: "rollback", address: defaultAddress, json: true, id: "sb", body: []byte(`{"to":"@~1","force":true,"replay":true}`)}},
+		{[]string{"rollback", "--to=ck-1", "sb"}, call{verb: "rollback", address: defaultAddress, id: "sb", body: []byte(`{"to":"ck-1"}`)}},
+		{[]string{"release", "sb"}, call{verb: "release", address: defaultAddress, ids: []string{"sb"}}},
+		{[]string{"release", "a", "-o", "json", "b"}, call{verb: "release", address: defaultAddress, json: true, ids: []string{"a", "b"}}},
 	}
 	for _, c := range cases {
 		got, ok := parse(c.args, noEnv)
@@ -55,7 +72,7 @@ var handedOver = [][]string{
 	{"lease"}, {"lease", "p"}, {"lease", "--pool"}, {"lease", "--pool", ""}, {"lease", "--pool", "a/b"}, {"lease", "--pool", "p", "--env", "A=1"},
 	{"lease", "--pool", "p", "--label", "k=v"}, {"lease", "--pool", "p", "--allow", "x:1"}, {"lease", "--pool", "p", "--egress-policy", "p.yaml"},
 	{"lease", "--pool", "p", "--help"}, {"lease", "--pool", "p", "--", "x"}, {"lease", "--pool", "-o"},
-	{"-o", "json", "lease", "--pool", "p"}, {"lease", "--pool", "p", "-o", "yaml"}, {"--output=json", "exec", "sb", "true"},
+	{"lease", "--pool", "p", "-o", "yaml"}, {"-o", "yaml", "exec", "sb", "true"}, {"-o", "JSON", "release", "sb"},
 	{"--format", "{{.sandbox}}", "lease", "--pool", "p"}, {"-o", "bogus", "lease", "--pool", "p"},
 	{"--address", "tcp://h:1", "lease", "--pool", "p"}, {"--address", "http://x", "lease", "--pool", "p"}, {"--address", "", "lease", "--pool", "p"},
 	{"--address", "@abstract", "exec", "sb", "true"}, {"--address", "/" + strings.Repeat("x", 120), "exec", "sb", "true"},
@@ -67,6 +84,19 @@ var handedOver = [][]string{
 	{"exec", "sb", "-x"}, {"exec", "--", "sb", "true"}, {"exec", "s/b", "true"}, {"exec", "..", "true"}, {"exec", "sb", "true", completionFlag},
 	{"--version", "ls"}, {"--version=true"}, {"-a", "/s", "--version"}, {"exec", "--help"}, {"exec", "-h", "sb", "true"},
 	{"---address", "/s", "exec", "sb", "true"}, {"-=x", "exec", "sb", "true"},
+	// checkpoint create, rollback, release: near misses.
+	{"checkpoint"}, {"checkpoint", "create"}, {"checkpoint", "ls", "sb"}, {"checkpoint", "inspect", "sb", "@"}, {"checkpoint", "pin", "sb", "@"},
+	{"checkpoint", "-o", "json", "create", "sb"}, {"checkpoint", "create", "a", "b"}, {"checkpoint", "create", "sb", "--pin=false"},
+	{"checkpoint", "create", "sb", "--async=true"}, {"checkpoint", "create", "sb", "--processes=false"}, {"checkpoint", "create", "sb", "-m"},
+	{"checkpoint", "create", "sb", "-m", ""}, {"checkpoint", "create", "sb", "-m", "-x"}, {"checkpoint", "create", "sb", "--name"},
+	{"checkpoint", "create", "sb", "--bogus"}, {"checkpoint", "create", "sb", "--help"}, {"checkpoint", "create", "--", "sb"},
+	{"checkpoint", "create", "s/b"}, {"checkpoint", "create", "sb", "--format", "{{.checkpoint}}"}, {"checkpoint", "create", "sb", "-o", "yaml"},
+	{"checkpoint", "create", "sb", "--level"}, {"checkpoint", "create", "sb", "--message"}, {"checkpoint", "create", "sb", "-M", "x"},
+	{"rollback"}, {"rollback", "sb", "ck"}, {"rollback", "sb", "--to"}, {"rollback", "sb", "--to", ""}, {"rollback", "sb", "--to", "-1"},
+	{"rollback", "sb", "--force=false"}, {"rollback", "sb", "--replay=1"}, {"rollback", "sb", "--bogus"}, {"rollback", "sb", "-h"},
+	{"rollback", "--", "sb"}, {"rollback", "sb", "-o", "yaml"}, {"rollback", "sb", "-to", "x", "-y"}, {"rollback", "..", "--to", "x"},
+	{"release"}, {"release", "--", "sb"}, {"release", "sb", "--all"}, {"release", "sb", "-f"}, {"release", "sb", "s/b"},
+	{"release", "sb", "-o", "yaml"}, {"release", "-o"}, {"release", "sb", completionFlag}, {"commit", "sb"}, {"checkpoints", "create", "sb"},
 }
 
 func TestParseHandsOver(t *testing.T) {
@@ -185,6 +215,53 @@ func TestPrintError(t *testing.T) {
 		printError(&b, c.err)
 		if b.String() != c.want {
 			t.Errorf("printError(%v) = %q; want %q", c.err, b.String(), c.want)
+		}
+	}
+}
+
+// The front prints a -o json result by re-encoding the daemon's body (reencode); deltabox-cli
+// decodes it into the API type and encodes that. Both must print the same bytes, for any
+// value: strings that need escaping (or are not UTF-8), floats, times, empty and nil lists.
+func TestReencodeMatchesEncodingJSON(t *testing.T) {
+	zone := time.FixedZone("X", 5*3600+30*60)
+	odd := "a <b> & \"c\" \\ \t\n\x01 \u2028 é \xff\xfe end"
+	values := []any{
+		api.Checkpoint{ID: "7", Sandbox: "sb-1", Level: "l1", Parent: "6", Message: odd, Name: "n1",
+			Created: time.Date(2026, 12, 2, 13, 0, 0, 123456700, zone), StateSeq: 1 << 60, FilesChanged: 3, Bytes: 1 << 40,
+			FrozenMS: 1.0 / 3, TotalMS: 1e-7, Pinned: true, Head: true, TemplateBytes: 5,
+			Processes: []api.CheckpointProcess{{Pid: 1, Comm: "sh", Kept: "template"}, {Pid: 2, Comm: odd, Kept: "none", Reason: odd}}},
+		api.Checkpoint{Created: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), FrozenMS: 1e21, TotalMS: 123456789.125},
+		api.Checkpoint{Processes: []api.CheckpointProcess{}},
+		api.RollbackResult{ID: "sb", To: "@", FilesRestored: 2, FrozenMS: 0.5, TotalMS: 12,
+			ProcessesLost: []api.CheckpointProcess{{Pid: 9, Comm: "x", Kept: "none", Reason: odd}}},
+		api.ExitStatus{Code: 137, Signal: "SIGKILL", TimedOut: true, StdoutTruncated: true, Error: odd, Pid: 3, DurationMS: 2.5e-5},
+		api.ExitStatus{},
+		api.Lease{LeaseMS: 0.25},
+		[]map[string]string{{"released": "a"}, {"released": odd}},
+		[]map[string]string{},
+	}
+	for _, v := range values {
+		var body bytes.Buffer // the daemon's writeJSON
+		if err := json.NewEncoder(&body).Encode(v); err != nil {
+			t.Fatal(err)
+		}
+		for _, indent := range []bool{true, false} {
+			decoded := reflect.New(reflect.TypeOf(v)) // the CLI's decode and printResult
+			if err := json.Unmarshal(body.Bytes(), decoded.Interface()); err != nil {
+				t.Fatal(err)
+			}
+			var want bytes.Buffer
+			enc := json.NewEncoder(&want)
+			if indent {
+				enc.SetIndent("", "  ")
+			}
+			if err := enc.Encode(decoded.Elem().Interface()); err != nil {
+				t.Fatal(err)
+			}
+			got, err := reencode(nil, body.Bytes(), indent)
+			if err != nil || string(got)+"\n" != want.String() {
+				t.Errorf("reencode(%s, indent %v) = %q, %v\nwant %q", body.Bytes(), indent, got, err, want.String())
+			}
 		}
 	}
 }

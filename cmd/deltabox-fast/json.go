@@ -271,3 +271,145 @@ func getInt(m map[string]any, k string) int {
 	i, _ := strconv.Atoi(string(n))
 	return i
 }
+
+// reencode appends the JSON value that makes up the whole of src as encoding/json prints the
+// Go value decoded from it: compact (an Encoder's Encode) or indented by two spaces
+// (json.NewEncoder with SetIndent("", "  ")), members in the order they came, each string
+// decoded and escaped again as encoding/json escapes (so "\ufffd" comes out as the
+// character, "<" as "\u003c"). Numbers and literals are kept as written: the daemon writes
+// them with encoding/json from the same Go types the CLI decodes them into, and a Go float
+// or integer prints back as it was read. No newline is added.
+func reencode(dst, src []byte, indent bool) ([]byte, error) {
+	p := jsonParser{data: src}
+	dst, err := p.reencode(dst, indent, "\n")
+	if err == nil {
+		p.space()
+		if p.i != len(p.data) {
+			err = errSyntax
+		}
+	}
+	return dst, err
+}
+
+// reencode copies one value; nl is the newline and indent of the value's line.
+func (p *jsonParser) reencode(dst []byte, indent bool, nl string) ([]byte, error) {
+	p.space()
+	if p.i >= len(p.data) {
+		return dst, errors.New("unexpected end of JSON input")
+	}
+	switch b := p.data[p.i]; b {
+	case '"':
+		s, err := p.str()
+		return appendJSONString(dst, s), err
+	case '{', '[':
+		closing := byte('}')
+		if b == '[' {
+			closing = ']'
+		}
+		dst = append(dst, b)
+		p.i++
+		p.space()
+		if p.i < len(p.data) && p.data[p.i] == closing {
+			p.i++
+			return append(dst, closing), nil
+		}
+		inner := nl + "  "
+		for first := true; ; first = false {
+			if !first {
+				dst = append(dst, ',')
+			}
+			if indent {
+				dst = append(dst, inner...)
+			}
+			if b == '{' {
+				p.space()
+				if p.i >= len(p.data) || p.data[p.i] != '"' {
+					return dst, errSyntax
+				}
+				k, err := p.str()
+				if err != nil {
+					return dst, err
+				}
+				dst = append(appendJSONString(dst, k), ':')
+				if indent {
+					dst = append(dst, ' ')
+				}
+				p.space()
+				if p.i >= len(p.data) || p.data[p.i] != ':' {
+					return dst, errSyntax
+				}
+				p.i++
+			}
+			var err error
+			if dst, err = p.reencode(dst, indent, inner); err != nil {
+				return dst, err
+			}
+			done, err := p.next(closing)
+			if err != nil {
+				return dst, err
+			}
+			if done {
+				break
+			}
+		}
+		if indent {
+			dst = append(dst, nl...)
+		}
+		return append(dst, closing), nil
+	}
+	start := p.i
+	if _, err := p.value(); err != nil {
+		return dst, err
+	}
+	return append(dst, p.data[start:p.i]...), nil
+}
+
+// getNum is a number member's text as written, "0" when absent (a Go integer prints so).
+func getNum(m map[string]any, k string) string {
+	if n, ok := m[k].(number); ok {
+		return string(n)
+	}
+	return "0"
+}
+
+// getMS is a float member printed as %.2f.
+func getMS(m map[string]any, k string) string {
+	f, _ := strconv.ParseFloat(getNum(m, k), 64)
+	return strconv.FormatFloat(f, 'f', 2, 64)
+}
+
+// rawMember is the text of member k of the JSON object data (nil when absent or malformed).
+func rawMember(data []byte, k string) []byte {
+	p := jsonParser{data: data}
+	p.space()
+	if p.i >= len(p.data) || p.data[p.i] != '{' {
+		return nil
+	}
+	p.i++
+	var found []byte
+	for {
+		p.space()
+		if p.i >= len(p.data) || p.data[p.i] != '"' {
+			return nil
+		}
+		name, err := p.str()
+		p.space()
+		if err != nil || p.i >= len(p.data) || p.data[p.i] != ':' {
+			return nil
+		}
+		p.i++
+		p.space()
+		start := p.i
+		if _, err := p.value(); err != nil {
+			return nil
+		}
+		if name == k {
+			found = p.data[start:p.i] // the last one wins, as in encoding/json
+		}
+		if done, err := p.next('}'); err != nil || done {
+			return found
+		}
+	}
+}
+
+func getArray(m map[string]any, k string) []any { a, _ := m[k].([]any); return a }

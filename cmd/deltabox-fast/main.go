@@ -1,8 +1,9 @@
-// Package main is bin/deltabox, the CLI's fast front: a small program that runs the two
-// command lines an agent runs at every step, `deltabox lease --pool NAME` and `deltabox exec
-// ID CMD [ARGS...]` (plus `--version`), itself, and replaces itself (execve) with
-// bin/deltabox-cli, the urfave/cli client build of cmd/deltabox installed next to it, for
-// every other command line, unchanged.
+// Package main is bin/deltabox, the CLI's fast front: a small program that runs the command
+// lines an agent runs at every step, `deltabox lease --pool NAME`, `deltabox exec ID CMD
+// [ARGS...]`, `deltabox checkpoint create ID`, `deltabox rollback ID [--to CKPT]` and
+// `deltabox release ID...` (plus `--version`), in text or -o json, itself, and replaces
+// itself (execve) with bin/deltabox-cli, the urfave/cli client build of cmd/deltabox
+// installed next to it, for every other command line, unchanged.
 //
 // Why a second program (issue 19: lease and `exec ID true` within 10 ms): this VM class is a
 // PVM guest where every page a process touches for the first time costs 13-35 us, so a
@@ -15,10 +16,14 @@
 //
 // What it handles it must print exactly as deltabox-cli does (stdout, stderr, exit code):
 // parse.go accepts only command lines whose meaning it knows in full, with the global flags
-// --address/-a (a unix socket; DELTABOX_ADDRESS) and -o text|wide, and exec's --output-cap;
-// anything else (another flag, -o json or yaml, a tcp:// address, -i/-t/-d, --timeout, help,
-// completion) goes to deltabox-cli. TestFastMatchesCLI (integration) runs both on the same
-// command lines against a real daemon.
+// --address/-a (a unix socket; DELTABOX_ADDRESS) and -o text|wide|json, exec's
+// --output-cap, checkpoint create's --level, -m/--message, --name, --pin, --async,
+// --processes and rollback's --to, --force, --replay (bool flags bare); anything else
+// (another flag, -o yaml, --format, a tcp:// address, -i/-t/-d, --timeout, help, completion,
+// a usage error) goes to deltabox-cli. A -o json result is the daemon's body re-encoded
+// (json.go, reencode: TestReencodeMatchesEncodingJSON holds it to encoding/json's decode and
+// indented encode). TestFastMatchesCLI and TestFastMatchesCLISteps (integration) run both on
+// the same command lines against a real daemon.
 //
 // It does not link internal/oneproc as deltabox-cli does: it allocates so little that
 // setting GOMAXPROCS from an initialiser costs more pages than it saves (231 faults per lease

@@ -11,12 +11,15 @@ const completionFlag = "--generate-bash-completion"
 
 // call is a command line the fast front runs itself.
 type call struct {
-	verb      string // "lease", "exec" or "version"
-	address   string // unix socket path
-	pool      string // lease
-	id        string // exec
+	verb      string   // "lease", "exec", "checkpoint" (create), "rollback", "release" or "version"
+	address   string   // unix socket path
+	json      bool     // -o json
+	pool      string   // lease
+	id        string   // exec, checkpoint create, rollback
+	ids       []string // release
 	argv      []string
-	outputCap int64 // exec --output-cap
+	outputCap int64  // exec --output-cap
+	body      []byte // checkpoint create and rollback: the request, as json.Marshal writes it
 }
 
 // parse reads a command line (without argv[0]) the way deltabox-cli would (reorderArgs,
@@ -45,10 +48,17 @@ func parse(args []string, getenv func(string) (string, bool)) (call, bool) {
 		ok = c.parseLease(args[i+1:], &out)
 	case "exec":
 		ok = c.parseExec(args[i+1:], &out)
+	case "checkpoint":
+		ok = i+1 < len(args) && args[i+1] == "create" && c.parseCheckpoint(args[i+2:], &out)
+	case "rollback":
+		ok = c.parseRollback(args[i+1:], &out)
+	case "release":
+		ok = c.parseRelease(args[i+1:], &out)
 	default:
 		return c, false
 	}
-	return c, ok && (out == "text" || out == "wide") && c.validAddress()
+	c.json = out == "json"
+	return c, ok && (out == "text" || out == "wide" || out == "json") && c.validAddress()
 }
 
 func isVersionFlag(a string) bool {
@@ -132,6 +142,134 @@ func (c *call) parseExec(args []string, out *string) bool {
 		return false
 	}
 	return len(c.argv) > 0
+}
+
+// leaf reads a command's arguments after its name, as deltabox-cli reads them after
+// reorderArgs: flags (the command's own, which flag reads, and the globals) anywhere, the
+// rest positional. A positional argument must be a safeName; "--" and an unknown flag are
+// refused (handed over).
+func (c *call) leaf(args []string, out *string, flag func(name, val string, hasVal bool) bool) ([]string, bool) {
+	var pos []string
+	for i := 0; i < len(args); {
+		if !isFlag(args[i]) {
+			if !safeName(args[i]) {
+				return nil, false
+			}
+			pos = append(pos, args[i])
+			i++
+			continue
+		}
+		name, ok := flagName(args[i])
+		if !ok {
+			return nil, false
+		}
+		if !strings.Contains(args[i], "=") && flag(name, "", false) { // a bool flag, bare
+			i++
+			continue
+		}
+		name, val, n, ok := flagValue(args, i)
+		if !ok || !(flag(name, val, true) || c.global(name, val, out)) {
+			return nil, false
+		}
+		i += n
+	}
+	return pos, true
+}
+
+// parseCheckpoint reads `checkpoint create` 's arguments: ID and --level, -m/--message,
+// --name, --pin, --async, --processes (bool flags bare only: --pin=false is handed over).
+func (c *call) parseCheckpoint(args []string, out *string) bool {
+	var level, msg, name string
+	var pin, async, procs bool
+	pos, ok := c.leaf(args, out, func(f, val string, hasVal bool) bool {
+		switch {
+		case hasVal && f == "level":
+			level = val
+		case hasVal && (f == "message" || f == "m"):
+			msg = val
+		case hasVal && f == "name":
+			name = val
+		case !hasVal && f == "pin":
+			pin = true
+		case !hasVal && f == "async":
+			async = true
+		case !hasVal && f == "processes":
+			procs = true
+		default:
+			return false
+		}
+		return true
+	})
+	if !ok || len(pos) != 1 {
+		return false
+	}
+	c.id = pos[0]
+	b := []byte{'{'}
+	for _, m := range []struct{ k, v string }{{"level", level}, {"message", msg}, {"name", name}} {
+		if m.v != "" {
+			b = appendJSONString(append(appendJSONString(sep(b), m.k), ':'), m.v)
+		}
+	}
+	for _, m := range []struct {
+		k  string
+		on bool
+	}{{"pin", pin}, {"processes", procs}, {"async", async}} {
+		if m.on {
+			b = append(appendJSONString(sep(b), m.k), ":true"...)
+		}
+	}
+	c.body = append(b, '}')
+	return true
+}
+
+// parseRollback reads rollback's arguments: ID and --to, --force, --replay (bare).
+func (c *call) parseRollback(args []string, out *string) bool {
+	var to string
+	var force, replay bool
+	pos, ok := c.leaf(args, out, func(f, val string, hasVal bool) bool {
+		switch {
+		case hasVal && f == "to":
+			to = val
+		case !hasVal && f == "force":
+			force = true
+		case !hasVal && f == "replay":
+			replay = true
+		default:
+			return false
+		}
+		return true
+	})
+	if !ok || len(pos) != 1 {
+		return false
+	}
+	c.id = pos[0]
+	b := []byte{'{'}
+	if to != "" {
+		b = appendJSONString(append(b, `"to":`...), to)
+	}
+	if force {
+		b = append(sep(b), `"force":true`...)
+	}
+	if replay {
+		b = append(sep(b), `"replay":true`...)
+	}
+	c.body = append(b, '}')
+	return true
+}
+
+// parseRelease reads release's arguments: one or more IDs (and global flags).
+func (c *call) parseRelease(args []string, out *string) bool {
+	pos, ok := c.leaf(args, out, func(string, string, bool) bool { return false })
+	c.ids = pos
+	return ok && len(pos) > 0
+}
+
+// sep appends the comma before a member unless b is the object's opening brace.
+func sep(b []byte) []byte {
+	if len(b) > 1 {
+		return append(b, ',')
+	}
+	return b
 }
 
 // validAddress accepts the addresses the front dials: a unix socket path (unix:// or not)
