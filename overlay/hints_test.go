@@ -40,8 +40,11 @@ func queried(t testing.TB, pid int) []string {
 	defer unix.Close(fd)
 	var q mapsQuery
 	var out []string
-	if !q.queryAll(fd, func(p string) { out = append(out, p) }) {
+	switch q.queryAll(fd, func(p string) { out = append(out, p) }) {
+	case queryUnsupported:
 		testutil.SkipOrFail(t, "the kernel has no PROCMAP_QUERY (Linux 6.11)")
+	case queryFallback:
+		t.Fatal("the PROCMAP_QUERY walk failed")
 	}
 	return out
 }
@@ -161,4 +164,48 @@ func BenchmarkWritableFiles(b *testing.B) {
 			unix.Close(fd)
 		}
 	})
+}
+
+// TestWritableFilesLongPath: a file mapped shared and writable whose path is longer than
+// PATH_MAX (which PROCMAP_QUERY will not return) is still listed: the process's maps is read.
+func TestWritableFilesLongPath(t *testing.T) {
+	dir := t.TempDir()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strings.Repeat("d", 250)
+	for range 20 { // 20 x 251 bytes: past PATH_MAX (4096)
+		if err := unix.Mkdirat(fd, name, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = next
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(filepath.Join(dir, name)) })
+	ffd, err := unix.Openat(fd, "mapped", unix.O_RDWR|unix.O_CREAT, 0o644)
+	unix.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ffd)
+	if err := unix.Ftruncate(ffd, 4096); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(ffd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	isLong := func(p string) bool { return len(p) > unix.PathMax && strings.HasSuffix(p, "/mapped") }
+	if !slices.ContainsFunc(mapsParsed(t, os.Getpid()), isLong) {
+		t.Fatal("maps does not list the long path")
+	}
+	if open := WritableFiles([]int{os.Getpid()}); !slices.ContainsFunc(open.Mapped, isLong) {
+		t.Fatalf("WritableFiles misses the long path: %d mapped paths", len(open.Mapped))
+	}
 }
