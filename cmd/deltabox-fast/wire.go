@@ -94,6 +94,8 @@ func readResponse(r *bufio.Reader) (*response, error) {
 		}
 	}
 	switch {
+	case code == 204 || code == 304 || code < 200: // no body (RFC 9112 6.3)
+		resp.body = strings.NewReader("")
 	case chunked:
 		resp.body = &chunkedReader{r: r}
 	case length >= 0:
