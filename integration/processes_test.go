@@ -409,3 +409,60 @@ func TestProcessCheckpointFallsBackToCRIU(t *testing.T) {
 	}
 
 }
+
+// TestProcessCheckpointRecordWhileTemplating: a checkpoint with processes is made durable
+// while its templates are being made, not after them. With each template held back 3 s
+// (failpoint checkpoint/template=sleep) and the daemon killed once the record is durable
+// (checkpoint/committed=exit), the daemon dies well before the templates could be done, and
+// after the restart the checkpoint exists, its process kept by no template (a restart loses
+// them) and its files restorable. A template that fails (checkpoint/template=error) is told
+// in the answer and in checkpoint inspect, with the reason.
+func TestProcessCheckpointRecordWhileTemplating(t *testing.T) {
+	d := startDaemon(t)
+	d.createPool("bb", busyboxImage, 1)
+	id := d.lease("bb").ID
+	d.cli("exec", id, "--", "sh", "-c", "echo one > /root/v")
+	d.cli("exec", "-d", id, "--", "sleep", "1000")
+
+	d.restartWith("checkpoint/template=error")
+	var ck api.Checkpoint
+	d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+	if len(ck.Processes) != 1 || ck.Processes[0].Kept != api.KeptNone || !strings.Contains(ck.Processes[0].Reason, "injected failure") {
+		t.Fatalf("checkpoint whose template failed: processes %+v, want one kept as none with the failpoint's reason", ck.Processes)
+	}
+	var in api.Checkpoint
+	d.cliJSON(&in, "checkpoint", "inspect", id, ck.ID)
+	if len(in.Processes) != 1 || in.Processes[0].Kept != api.KeptNone || in.Processes[0].Reason != ck.Processes[0].Reason {
+		t.Fatalf("inspect after a failed template: %+v, want what the answer said (%+v)", in.Processes, ck.Processes)
+	}
+
+	before := d.checkpointIDs(id)
+	d.restartWith("checkpoint/template=sleep(3000),checkpoint/committed=exit")
+	start := time.Now()
+	if out, _, code := d.cliRaw("checkpoint", "create", id, "--processes"); code == 0 {
+		t.Fatalf("checkpoint succeeded with the daemon set to die once it is durable: %s", out)
+	}
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the daemon did not die at checkpoint/committed")
+	}
+	if took := time.Since(start); took > 2500*time.Millisecond {
+		t.Fatalf("the record became durable %v after the checkpoint began, with templates held 3 s: it waited for them", took)
+	}
+	d.cmd = nil
+	d.restartWith("")
+	after := d.checkpointIDs(id)
+	if len(after) != len(before)+1 {
+		t.Fatalf("checkpoints %v before, %v after the crash: want the durable one kept", before, after)
+	}
+	d.cliJSON(&in, "checkpoint", "inspect", id, after[len(after)-1])
+	if len(in.Processes) != 1 || in.Processes[0].Kept != api.KeptNone || !strings.Contains(in.Processes[0].Reason, "restarted") {
+		t.Fatalf("checkpoint made durable while templating, after a restart: processes %+v, want none (the daemon restarted)", in.Processes)
+	}
+	d.cli("exec", id, "--", "sh", "-c", "echo two > /root/v")
+	d.cli("rollback", id, "--to", after[len(after)-1])
+	if out := d.cli("exec", id, "--", "cat", "/root/v"); out != "one\n" {
+		t.Fatalf("files after rollback to the checkpoint: %q", out)
+	}
+}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/deltabox/deltabox/criu/proctpl"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/orchestrator/api"
 )
@@ -19,7 +18,7 @@ import (
 // state patches) waits for it. A failure is reported to the next checkpoint, rollback or
 // commit (finishPending).
 func (o *Orchestrator) recordAsync(ctx context.Context, s *session, req api.CheckpointRequest, rec ckptRecord, pending pendingFiles,
-	tpls map[int]*proctpl.Template, frozen time.Duration, start time.Time) api.Checkpoint {
+	pp *procsPending, frozen time.Duration, start time.Time) api.Checkpoint {
 	rec.FrozenMS, rec.TotalMS = ms(frozen), ms(time.Since(start))
 	v := rec.Checkpoint
 	if rec.ProcCkpt != nil {
@@ -30,7 +29,7 @@ func (o *Orchestrator) recordAsync(ctx context.Context, s *session, req api.Chec
 	bg := context.WithoutCancel(ctx)
 	go func() {
 		defer s.mu.Unlock()
-		if _, err := o.record(bg, s, req, rec, pending, tpls, frozen, start); err != nil {
+		if _, err := o.record(bg, s, req, rec, pending, pp, frozen, start); err != nil {
 			s.asyncErr = fmt.Errorf("the asynchronous checkpoint %s of sandbox %q was not recorded: %v: %w", rec.ID, s.id, err, errdefs.ErrAborted)
 			log.L(bg).Error("asynchronous checkpoint", "sandbox", s.id, "checkpoint", rec.ID, "error", err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -141,6 +142,9 @@ func (o *Orchestrator) templateProcesses(ctx context.Context, pc *procCut) (*pro
 			t1 := time.Now()
 			var tp *proctpl.Template
 			if err == nil {
+				err = failpoint.Inject("checkpoint/template")
+			}
+			if err == nil {
 				tp, err = p.Template()
 			}
 			t2 := time.Now()
@@ -163,19 +167,6 @@ func (o *Orchestrator) templateProcesses(ctx context.Context, pc *procCut) (*pro
 		}
 	}
 	return &procCheckpoint{Procs: pc.entries}, tpls
-}
-
-// name fills in each entry's pid in the sandbox and command name, read once every process
-// is resumed, so that the reads stay out of the frozen window (a process that exited
-// meanwhile keeps its template's name).
-func (pc *procCut) name(tpls map[int]*proctpl.Template) {
-	for i := range pc.entries {
-		e := &pc.entries[i]
-		e.NSPid, e.Comm = nsPidComm(e.Pid)
-		if tp := tpls[e.Pid]; e.Comm == "" && tp != nil {
-			_, e.Comm = nsPidComm(tp.Pid())
-		}
-	}
 }
 
 // exited reports whether pid is a zombie (it exited; its parent has not reaped it yet) or
@@ -490,11 +481,30 @@ func (s *session) processViewMeasured(c ckptRecord, measure bool) ([]api.Checkpo
 // cutFunc is a checkpoint's frozen window (cut, cutL3, cutWithProcesses).
 type cutFunc func(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, pendingFiles, error)
 
+// procsPending is the template half of a checkpoint with processes, which runs once the
+// sandbox is thawed (the seized processes stay stopped until their templates are made) while
+// the checkpoint is made durable: the record's write does not wait for the templates.
+type procsPending struct {
+	done   chan struct{}
+	ckpt   *procCheckpoint
+	tpls   map[int]*proctpl.Template
+	frozen time.Duration // from the freeze to the last resume
+}
+
+// wait waits for the templates and returns the checkpoint's process half as made, its
+// templates by entry host pid, and the window from the freeze to the last resume.
+func (p *procsPending) wait() (*procCheckpoint, map[int]*proctpl.Template, time.Duration) {
+	<-p.done
+	return p.ckpt, p.tpls, p.frozen
+}
+
 // cutWithProcesses is cut plus the processes: in the frozen window every process is seized
 // and interrupted; after the thaw each stops for the tracer before running on, gets its
-// template and is resumed. The window reported runs from the freeze to the last resume. The
-// templates go to *out.
-func (o *Orchestrator) cutWithProcesses(out *map[int]*proctpl.Template, noFallback string) cutFunc {
+// template and is resumed, in the background (*out): rec.ProcCkpt is the cut's prediction
+// (each seized process templated), which the durable record keeps; *out's wait gives the
+// process half as made (a template that failed says why) and the window reported, from the
+// freeze to the last resume. The duration returned is the sandbox's freeze alone.
+func (o *Orchestrator) cutWithProcesses(out **procsPending, noFallback string) cutFunc {
 	return func(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, pendingFiles, error) {
 		start := time.Now()
 		if err := s.frz.Freeze(ctx); err != nil {
@@ -524,13 +534,36 @@ func (o *Orchestrator) cutWithProcesses(out *map[int]*proctpl.Template, noFallba
 			return 0, nil, err
 		}
 		thawed := time.Now()
-		rec.ProcCkpt, *out = o.templateProcesses(ctx, pc)
-		resumed := time.Now()
-		pc.name(*out)
-		log.L(ctx).Debug("checkpoint cut with processes", "sandbox", s.id, "checkpoint", rec.ID,
-			"freeze", frozenAt.Sub(start), "procs", listed.Sub(frozenAt), "seize", seized.Sub(listed), "capture", thawed.Sub(seized), "templates", resumed.Sub(thawed),
-			"processes", len(pc.entries), "templated", len(*out))
-		return resumed.Sub(frozenAt), pending, nil
+		// The prediction, named while the seized processes are stopped (their pid in the
+		// sandbox and command name cannot change meanwhile), before the templates start
+		// writing their entries.
+		predicted := slices.Clone(pc.entries)
+		pp := &procsPending{done: make(chan struct{})}
+		named := make(chan struct{})
+		go func() {
+			defer close(pp.done)
+			ckpt, tpls := o.templateProcesses(ctx, pc)
+			resumed := time.Now()
+			<-named
+			for i := range ckpt.Procs { // names: read into the prediction below
+				e := &ckpt.Procs[i]
+				e.NSPid, e.Comm = predicted[i].NSPid, predicted[i].Comm
+				if tp := tpls[e.Pid]; e.Comm == "" && tp != nil { // it exited: its template's name
+					_, e.Comm = nsPidComm(tp.Pid())
+				}
+			}
+			pp.ckpt, pp.tpls, pp.frozen = ckpt, tpls, resumed.Sub(frozenAt)
+			log.L(ctx).Debug("checkpoint cut with processes", "sandbox", s.id, "checkpoint", rec.ID,
+				"freeze", frozenAt.Sub(start), "procs", listed.Sub(frozenAt), "seize", seized.Sub(listed), "capture", thawed.Sub(seized), "templates", resumed.Sub(thawed),
+				"processes", len(pc.entries), "templated", len(tpls))
+		}()
+		for i := range predicted {
+			predicted[i].NSPid, predicted[i].Comm = nsPidComm(predicted[i].Pid)
+		}
+		close(named)
+		rec.ProcCkpt = &procCheckpoint{Procs: predicted}
+		*out = pp
+		return thawed.Sub(frozenAt), pending, nil
 	}
 }
 
