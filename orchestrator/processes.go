@@ -89,20 +89,32 @@ func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc, noFallback 
 		if p.Pid == int(s.sb.InitPid) || tpls[p.Pid] || exited(p.Pid) {
 			continue
 		}
-		e := procEntry{Proc: p, Kept: api.KeptTemplate} // NSPid and Comm: named
-		proc, err := o.tracer(len(pc.procs)).Seize(p.Pid, func(pid int) error { return s.checkMember(pid, p.Start) })
-		if err != nil {
-			e.Kept, e.Reason = api.KeptNone, err.Error()
-			if errors.Is(err, proctpl.ErrMultiThreaded) {
-				e.Reason = "multi-threaded: a template copies one thread; no CRIU fallback: " + noFallback
-				if noFallback == "" {
-					e.Reason += "it started a thread during the checkpoint"
+		pc.entries = append(pc.entries, procEntry{Proc: p, Kept: api.KeptTemplate}) // NSPid and Comm: named
+	}
+	pc.procs = make([]*proctpl.Proc, len(pc.entries))
+	// One goroutine per process, round-robin over the tracer threads: the seizes of one
+	// checkpoint run in parallel, as its templates do (this is inside the frozen window).
+	var wg sync.WaitGroup
+	for i := range pc.entries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e := &pc.entries[i]
+			start := e.Start
+			proc, err := o.tracer(i).Seize(e.Pid, func(pid int) error { return s.checkMember(pid, start) })
+			if err != nil {
+				e.Kept, e.Reason = api.KeptNone, err.Error()
+				if errors.Is(err, proctpl.ErrMultiThreaded) {
+					e.Reason = "multi-threaded: a template copies one thread; no CRIU fallback: " + noFallback
+					if noFallback == "" {
+						e.Reason += "it started a thread during the checkpoint"
+					}
 				}
 			}
-		}
-		pc.entries = append(pc.entries, e)
-		pc.procs = append(pc.procs, proc)
+			pc.procs[i] = proc
+		}()
 	}
+	wg.Wait()
 	return pc
 }
 
