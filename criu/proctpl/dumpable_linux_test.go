@@ -2,6 +2,7 @@ package proctpl
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -32,7 +33,7 @@ func startAsNobody(t *testing.T, comm string, argv ...string) int {
 }
 
 func procComm(pid int) string {
-	out, _ := exec.Command("cat", fmt.Sprintf("/proc/%d/comm", pid)).Output()
+	out, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 	return strings.TrimSpace(string(out))
 }
 
