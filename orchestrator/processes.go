@@ -102,6 +102,9 @@ func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc, noFallback 
 			e := &pc.entries[i]
 			start := e.Start
 			proc, err := o.tracer(i).Seize(e.Pid, func(pid int) error { return s.checkMember(pid, start) })
+			if err == nil {
+				proc.Inspect() // frozen: what Wait would read after the thaw
+			}
 			if err != nil {
 				e.Kept, e.Reason = api.KeptNone, err.Error()
 				if errors.Is(err, proctpl.ErrMultiThreaded) {
@@ -529,9 +532,17 @@ func (o *Orchestrator) cutWithProcesses(out **procsPending, noFallback string) c
 			return 0, nil, err
 		}
 		listed := time.Now()
-		pc := o.seizeProcesses(s, procs, noFallback)
-		seized := time.Now()
+		// The seizes (ptrace requests on the tracer threads) and the files' capture (this
+		// goroutine) run side by side: neither needs the other, both need the freeze.
+		var pc *procCut
+		seizing := make(chan struct{})
+		go func() {
+			defer close(seizing)
+			pc = o.seizeProcesses(s, procs, noFallback)
+		}()
 		pending, err := o.capture(ctx, s, level, rec, procs)
+		<-seizing
+		seized := time.Now()
 		if err == nil {
 			err = failpoint.Inject("checkpoint/captured")
 		}
@@ -566,7 +577,7 @@ func (o *Orchestrator) cutWithProcesses(out **procsPending, noFallback string) c
 			}
 			pp.ckpt, pp.tpls, pp.frozen = ckpt, tpls, resumed.Sub(frozenAt)
 			log.L(ctx).Debug("checkpoint cut with processes", "sandbox", s.id, "checkpoint", rec.ID,
-				"freeze", frozenAt.Sub(start), "procs", listed.Sub(frozenAt), "seize", seized.Sub(listed), "capture", thawed.Sub(seized), "templates", resumed.Sub(thawed),
+				"freeze", frozenAt.Sub(start), "procs", listed.Sub(frozenAt), "seize_capture", seized.Sub(listed), "thaw", thawed.Sub(seized), "templates", resumed.Sub(thawed),
 				"processes", len(pc.entries), "templated", len(tpls))
 		}()
 		for i := range predicted {

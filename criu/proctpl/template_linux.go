@@ -20,6 +20,8 @@ type Proc struct {
 	pidfd   int
 	offsets map[int]int64 // fd -> offset of the regular files it has open
 	stopped bool
+	// inspected: offsets and task.sysAddr were read by Inspect while the process was frozen
+	inspected bool
 }
 
 // Pid is the process's host pid.
@@ -70,8 +72,22 @@ func (p *Proc) seize(check func(pid int) error) error {
 	})
 }
 
-// Wait waits until the seized process stopped for the tracer and saves its registers, the
-// address of a syscall instruction and its files' offsets.
+// Inspect reads, ahead of Wait, what Wait needs of the process besides its registers: the
+// offsets of the regular files it has open and the address of a syscall instruction in its
+// vDSO. Call it while the seized process cannot run (its cgroup frozen): from the freeze to
+// its stop for the tracer after the thaw it runs no instruction of its own, so neither can
+// change, and the reads (a /proc directory and a file per open file) leave the time between
+// the thaw and the template. A failure is not an error: Wait reads them itself.
+func (p *Proc) Inspect() {
+	addr, err := syscallInVDSO(p.task.pid)
+	if err != nil {
+		return
+	}
+	p.task.sysAddr, p.offsets, p.inspected = addr, fileOffsets(p.task.pid), true
+}
+
+// Wait waits until the seized process stopped for the tracer and saves its registers and,
+// unless Inspect read them, the address of a syscall instruction and its files' offsets.
 func (p *Proc) Wait() error {
 	if p.stopped {
 		return nil
@@ -110,11 +126,14 @@ func (p *Proc) Wait() error {
 		}
 		p.task.regs = normalize(r)
 		p.stopped = true
+		if p.inspected {
+			return nil
+		}
 		var err error
 		p.task.sysAddr, err = syscallInVDSO(pid)
 		return err
 	})
-	if err != nil {
+	if err != nil || p.inspected {
 		return err
 	}
 	p.offsets = fileOffsets(pid)
