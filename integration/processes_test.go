@@ -466,3 +466,58 @@ func TestProcessCheckpointRecordWhileTemplating(t *testing.T) {
 		t.Fatalf("files after rollback to the checkpoint: %q", out)
 	}
 }
+
+// replHugeKB reads the AnonHugePages (kB) of the sandbox's running (not templated: stopped)
+// python3 /repl.py process.
+func (d *daemon) replHugeKB(id string) int {
+	d.t.Helper()
+	out := d.cli("exec", id, "--", "sh", "-c", `for p in /proc/[0-9]*; do
+  c=$(tr '\0' ' ' <$p/cmdline 2>/dev/null); st=$(sed 's/.*) //' $p/stat 2>/dev/null | cut -c1)
+  [ "$c" = "python3 /repl.py " ] && [ "$st" != t ] && awk '/AnonHugePages/ {print $2}' $p/smaps_rollup
+done; true`)
+	kb, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		d.t.Fatalf("AnonHugePages of the REPL: %q", out)
+	}
+	return kb
+}
+
+// TestProcessCheckpointHugePages: before its first template, the dense heap of a process is
+// collapsed into huge pages (checkpoints.huge_pages_budget), its contents unchanged; the
+// copies a rollback starts share them; and a budget of "0" leaves memory as it is.
+func TestProcessCheckpointHugePages(t *testing.T) {
+	for _, tc := range []struct {
+		config string
+		huge   bool
+	}{{"", true}, {"[checkpoints]\nhuge_pages_budget = \"0\"\n", false}} {
+		d := startDaemonWith(t, tc.config)
+		d.createPool("py", pythonImage, 1)
+		id := d.lease("py").ID
+		d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
+		py := startPiped(d, id, "py", "python3 /repl.py")
+		py.ask("import os, hashlib; heap = bytearray(os.urandom(40 << 20)); h = hashlib.sha256(heap).hexdigest()")
+		if kb := d.replHugeKB(id); kb != 0 {
+			t.Fatalf("the REPL maps %d kB of huge pages before any checkpoint (THP set to always on this node?)", kb)
+		}
+		var ck api.Checkpoint
+		d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+		kb := d.replHugeKB(id)
+		t.Logf("config %q: checkpoint total %.2f ms (frozen %.2f): the REPL maps %d kB of huge pages", tc.config, ck.TotalMS, ck.FrozenMS, kb)
+		if tc.huge && kb < 30<<10 || !tc.huge && kb != 0 {
+			t.Fatalf("config %q: the REPL maps %d kB of huge pages after its first checkpoint with processes (want huge: %v)", tc.config, kb, tc.huge)
+		}
+		py.ask("heap[0] ^= 1; n = 1")
+		var rb api.RollbackResult
+		d.cliJSON(&rb, "rollback", id, "--to", ck.ID)
+		if rb.ProcessesRestored != 1 {
+			t.Fatalf("rollback: %+v", rb)
+		}
+		if got := py.ask("hashlib.sha256(heap).hexdigest() == h"); got != "True" {
+			t.Fatalf("config %q: the REPL's heap after the rollback is not the checkpoint's: %s", tc.config, got)
+		}
+		if kb := d.replHugeKB(id); tc.huge && kb < 30<<10 {
+			t.Fatalf("the copy maps %d kB of huge pages, want its template's", kb)
+		}
+		d.cli("release", id)
+	}
+}

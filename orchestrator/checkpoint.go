@@ -84,9 +84,15 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	var pp *procsPending // the templates of a checkpoint with processes, made after the thaw
 	fallback, noFallback := "", ""
 	if withProcs && rec.Level != api.LevelL3 {
-		if fallback, noFallback = o.criuFallback(s); fallback != "" { // the whole sandbox goes to CRIU
+		procs, err := s.sandboxProcs() // running: what the cut will find, but a race
+		if err != nil {
+			return api.Checkpoint{}, err
+		}
+		if fallback, noFallback = o.criuFallback(s, procs); fallback != "" { // the whole sandbox goes to CRIU
 			rec.Level, level = api.LevelL3, overlay.L2
 			log.L(ctx).Info("checkpoint with processes falls back to CRIU", "sandbox", s.id, "reason", fallback)
+		} else {
+			o.hugePages(ctx, s, procs)
 		}
 	}
 	cut := o.cut

@@ -16,15 +16,12 @@ import (
 // without a user namespace) and no live templates (CRIU cannot dump processes the daemon
 // traces); otherwise the multi-threaded processes are kept by no one, and say why.
 
-// criuFallback says why a checkpoint with processes of s must go to CRIU (fallback), or,
-// when it should but cannot, why not (noFallback). Both empty: templates serve.
-func (o *Orchestrator) criuFallback(s *session) (fallback, noFallback string) {
-	procs, err := s.frz.Procs()
-	if err != nil {
-		return "", ""
-	}
+// criuFallback says why a checkpoint with processes of s, whose run lists procs (templates
+// left out), must go to CRIU (fallback), or, when it should but cannot, why not
+// (noFallback). Both empty: templates serve.
+func (o *Orchestrator) criuFallback(s *session, procs []pool.Proc) (fallback, noFallback string) {
 	mt := ""
-	for _, p := range s.withoutTemplates(procs) {
+	for _, p := range procs {
 		if p.Pid == int(s.sb.InitPid) || exited(p.Pid) {
 			continue
 		}

@@ -46,13 +46,17 @@ type Options struct {
 	// TemplateMemory and TemplateMemorySandbox bound the memory process templates hold
 	// alone on the node and per sandbox (0: unbounded; processes.go).
 	TemplateMemory, TemplateMemorySandbox int64
-	StepMax                               int              // exec records kept per sandbox (default 2000; -1: none recorded)
-	StepOutputBytes                       int              // first and last bytes of each output stream kept per exec record (default 2048)
-	L2Every                               int              // after this many L1 checkpoints in a row the next is L2 (0: never)
-	WalkUpperDirs                         bool             // captures walk the upper dir instead of using the change tracker
-	Network                               *network.Options // sandbox networking; nil: loopback only
-	Egress                                EgressOptions    // the egress proxy (with Network only)
-	Effects                               Effects          // the egress proxy's hooks (default: none held)
+	// HugePagesBudget bounds the time a checkpoint with processes spends, before its
+	// freeze, collapsing the memory of processes about to get their first template into
+	// huge pages (hugepages.go; 0: never).
+	HugePagesBudget time.Duration
+	StepMax         int              // exec records kept per sandbox (default 2000; -1: none recorded)
+	StepOutputBytes int              // first and last bytes of each output stream kept per exec record (default 2048)
+	L2Every         int              // after this many L1 checkpoints in a row the next is L2 (0: never)
+	WalkUpperDirs   bool             // captures walk the upper dir instead of using the change tracker
+	Network         *network.Options // sandbox networking; nil: loopback only
+	Egress          EgressOptions    // the egress proxy (with Network only)
+	Effects         Effects          // the egress proxy's hooks (default: none held)
 	// API request limits (0: the defaults, DefaultRequestsPerSandbox and
 	// DefaultRequestBodyBudget): requests in flight per sandbox, and bytes of request bodies
 	// held in memory at once by the whole daemon.
@@ -156,6 +160,9 @@ type Orchestrator struct {
 
 	tracerOnce sync.Once
 	ptrace     []*proctpl.Tracer // the ptrace threads of the process templates (processes.go)
+
+	hugeOnce     sync.Once
+	hugeUnusable bool // transparent huge pages are off on the node (hugepages.go)
 }
 
 // New connects to containerd (failing within ConnectTimeout, naming the address), prepares

@@ -274,21 +274,6 @@ func (s *session) sandboxProcs() ([]pool.Proc, error) {
 	return s.frz.ProcsExcept(s.templatePids())
 }
 
-// withoutTemplates drops the session's templates from a process list.
-func (s *session) withoutTemplates(procs []pool.Proc) []pool.Proc {
-	tpls := s.templatePids()
-	if len(tpls) == 0 {
-		return procs
-	}
-	out := make([]pool.Proc, 0, len(procs))
-	for _, p := range procs {
-		if !tpls[p.Pid] {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 // killForCopies SIGKILLs every process of the (frozen) sandbox (the templates excluded from
 // now) before a rollback to a checkpoint with processes starts its copies, but its init and
 // the processes of the checkpoint that no template can bring back (keep): those run on as
@@ -333,6 +318,7 @@ func (o *Orchestrator) restoreProcessCheckpoint(ctx context.Context, s *session,
 	s.started = nil
 	lost := make([]string, len(entries)) // why entry i was not restored
 	ok := make([]bool, len(entries))
+	copies := make([]int, len(entries)) // the pid of entry i's copy
 	var wg sync.WaitGroup
 	for i, e := range entries {
 		tp := tpls[e.Pid]
@@ -355,10 +341,10 @@ func (o *Orchestrator) restoreProcessCheckpoint(ctx context.Context, s *session,
 				defer func() {
 					log.L(ctx).Debug("process copy", "sandbox", s.id, "pid", e.Pid, "spare", spare != 0, "took", time.Since(t0))
 				}()
-				if _, err := tp.Copy(); err != nil {
+				if pid, err := tp.Copy(); err != nil {
 					lost[i] = err.Error()
 				} else {
-					ok[i] = true
+					ok[i], copies[i] = true, pid
 				}
 			}()
 		}
@@ -366,6 +352,7 @@ func (o *Orchestrator) restoreProcessCheckpoint(ctx context.Context, s *session,
 	wg.Wait()
 	for i, e := range entries {
 		if ok[i] {
+			s.sawHuge(copies[i]) // a copy shares its template's pages
 			res.ProcessesRestored++
 			continue
 		}

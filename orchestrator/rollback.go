@@ -283,6 +283,9 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	defer func() {
 		if done {
 			s.started = armed.start(s.frz)
+			for e := range s.started {
+				s.sawHuge(armed.pids[e]) // a copy shares its template's pages
+			}
 		} else {
 			armed.cancel()
 		}

@@ -62,6 +62,7 @@ type session struct {
 	headRollback string
 	bg           sync.WaitGroup // background steps of operations (afterRollback, preforkLater)
 	started      map[int]bool   // the rollback's copies started in its frozen window, by entry pid
+	hugeSeen     map[int]bool   // pids that had their chance at huge pages (hugepages.go)
 	intentSynced func() error   // waits for the running rollback's intent to be durable
 	tplBytes     atomic.Int64   // their memory, as last measured
 	asyncErr     error          // the failure of the last asynchronous checkpoint (async.go)

@@ -53,6 +53,12 @@
 //     /proc/PID/fdinfo.
 //   - Architecture: x86-64 only (64-bit processes).
 //
+// # Huge pages
+//
+// CollapseHuge collapses the dense, exclusively mapped private memory of a process into huge
+// pages before its first template (huge_linux.go says why and what it leaves alone): a fork
+// then copies one page-table entry per 2 MiB instead of 512.
+//
 // # Lifetime
 //
 // Every tracee is seized with PTRACE_O_EXITKILL: if the daemon dies (even with SIGKILL) the

@@ -220,6 +220,9 @@ type Checkpoints struct {
 	// templates are dropped.
 	TemplateMemory        string `toml:"template_memory"`
 	TemplateMemorySandbox string `toml:"template_memory_sandbox"`
+	// HugePagesBudget bounds, per checkpoint, the time spent collapsing the memory of
+	// processes about to get their first template into huge pages (a duration; "0": never).
+	HugePagesBudget string `toml:"huge_pages_budget"`
 	// ForkLayerMemory bounds the tmpfs that holds the shared layers of `fork --from` in
 	// memory (a size such as 1g; "": 1 GiB; "0": layers on disk only).
 	ForkLayerMemory string `toml:"fork_layer_memory"`
@@ -232,6 +235,19 @@ func (c Checkpoints) ForkLayerMemoryBytes() (int64, error) {
 		return -1, nil
 	}
 	return parseSize("checkpoints.fork_layer_memory", c.ForkLayerMemory)
+}
+
+// HugePagesBudgetDuration returns checkpoints.huge_pages_budget (0: never).
+func (c Checkpoints) HugePagesBudgetDuration() (time.Duration, error) {
+	v := strings.TrimSpace(c.HugePagesBudget)
+	if v == "" || v == "0" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("checkpoints.huge_pages_budget %q: want a duration such as 250ms, or \"0\" for never: %w", v, errdefs.ErrInvalidArgument)
+	}
+	return d, nil
 }
 
 // TemplateMemoryBytes returns checkpoints.template_memory and template_memory_sandbox in
@@ -380,6 +396,9 @@ func (c Config) validate(name string) error {
 		return fmt.Errorf("config %s: checkpoints.retain = %d: keep at least 2: %w", name, c.Checkpoints.Retain, errdefs.ErrInvalidArgument)
 	}
 	if _, _, err := c.Checkpoints.TemplateMemoryBytes(); err != nil {
+		return fmt.Errorf("config %s: %w", name, err)
+	}
+	if _, err := c.Checkpoints.HugePagesBudgetDuration(); err != nil {
 		return fmt.Errorf("config %s: %w", name, err)
 	}
 	if err := c.Egress.validate(name); err != nil {

@@ -173,3 +173,19 @@ func TestForkLayerMemory(t *testing.T) {
 		t.Errorf("a bad size: %v", err)
 	}
 }
+
+func TestHugePagesBudget(t *testing.T) {
+	if d, err := Default().Checkpoints.HugePagesBudgetDuration(); err != nil || d != 250*time.Millisecond {
+		t.Fatalf("default huge_pages_budget: %v, %v", d, err)
+	}
+	c, err := Parse([]byte("version = 1\n[checkpoints]\nhuge_pages_budget = \"0\"\n"), "t.toml")
+	if d, derr := c.Checkpoints.HugePagesBudgetDuration(); err != nil || derr != nil || d != 0 {
+		t.Fatalf("huge_pages_budget = \"0\": %v %v %v", d, err, derr)
+	}
+	for _, bad := range []string{"fast", "-1s", "10"} {
+		_, err := Parse([]byte("version = 1\n[checkpoints]\nhuge_pages_budget = \""+bad+"\"\n"), "t.toml")
+		if err == nil || !strings.Contains(err.Error(), "checkpoints.huge_pages_budget") || !strings.Contains(err.Error(), "t.toml") {
+			t.Fatalf("huge_pages_budget = %q: %v, want an error naming the field and the file", bad, err)
+		}
+	}
+}
