@@ -18,16 +18,6 @@ import (
 // stop after the thaw, and a copy of the template goes on from that offset.
 func TestInspectWhileFrozen(t *testing.T) {
 	testutil.RequiresRoot(t)
-	dir := filepath.Join("/sys/fs/cgroup/freezer", fmt.Sprintf("proctpl-inspect-%d", os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		testutil.SkipOrFail(t, "cgroup v1 freezer: %v", err)
-	}
-	state := filepath.Join(dir, "freezer.state")
-	t.Cleanup(func() {
-		_ = os.WriteFile(state, []byte("THAWED"), 0)
-		time.Sleep(50 * time.Millisecond)
-		_ = os.Remove(dir)
-	})
 	out := filepath.Join(t.TempDir(), "out")
 	// out is written line after line as fast as the process can
 	w := exec.Command(pythonBinary(t), "-S", "-c",
@@ -41,16 +31,7 @@ func TestInspectWhileFrozen(t *testing.T) {
 		st, err := os.Stat(out)
 		return err == nil && st.Size() > 1000
 	})
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(state, []byte("FROZEN"), 0); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, 5*time.Second, time.Millisecond, "frozen", func() bool {
-		b, _ := os.ReadFile(state)
-		return strings.TrimSpace(string(b)) == "FROZEN"
-	})
+	thaw := freezeCgroup(t, pid)
 	p, err := NewTracer().Seize(pid, noCheck)
 	if err != nil {
 		t.Fatal(err)
@@ -61,9 +42,7 @@ func TestInspectWhileFrozen(t *testing.T) {
 	}
 	inspected, sysAddr := p.offsets, p.task.sysAddr
 	time.Sleep(20 * time.Millisecond) // frozen: nothing moves
-	if err := os.WriteFile(state, []byte("THAWED"), 0); err != nil {
-		t.Fatal(err)
-	}
+	thaw()
 	tp := template(t, p) // Wait, then the fork
 	atStop := fileOffsets(pid)
 	want, err := syscallInVDSO(pid)
