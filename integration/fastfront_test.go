@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -29,11 +30,12 @@ func TestFastMatchesCLI(t *testing.T) {
 	sb := d.lease("fast").ID
 	missing := filepath.Join(shortTempDir(t), "nothing.sock")
 	at := func(args ...string) []string { return append([]string{"--address", d.address}, args...) }
-	run := func(bin string, args []string) (string, string, int) {
+	run := func(bin string, args []string, env ...string) (string, string, int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		var out, errOut bytes.Buffer
 		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = append(os.Environ(), env...)
 		cmd.Stdin = strings.NewReader("piped input\n") // read only with -i
 		cmd.Stdout, cmd.Stderr = &out, &errOut
 		_ = cmd.Run()
@@ -47,48 +49,62 @@ func TestFastMatchesCLI(t *testing.T) {
 		code int  // deltabox-cli's exit code, checked too: the case must test what it says
 		// lease prints a new ID each time: both print one line.
 		newID bool
+		// The daemon's address from DELTABOX_ADDRESS (not --address), and the C front's
+		// trace for it (cfront.c: it runs lease and exec lines without flags itself).
+		trace string
 	}{
-		{"lease", at("lease", "--pool", "fast"), true, 0, true},
-		{"lease, flags after", []string{"lease", "--pool=fast", "-a", d.address, "-o", "wide"}, true, 0, true},
-		{"lease -o json", at("-o", "json", "lease", "--pool", "fast"), true, 0, true},
-		{"lease, unknown pool", at("lease", "--pool", "nope"), true, 1, false},
-		{"lease, unreachable socket", []string{"-a", missing, "lease", "--pool", "fast"}, true, 1, false},
-		{"exec true", at("exec", sb, "true"), true, 0, false},
-		{"exec, exit code and stderr", at("exec", sb, "--", "sh", "-c", "echo out; echo err >&2; exit 3"), true, 3, false},
-		{"exec, killed by a signal", at("exec", sb, "sh", "-c", "kill -9 $$"), true, 137, false},
-		{"exec, stdin piped but not passed", at("exec", sb, "sh", "-c", "cat; echo done"), true, 0, false},
-		{"exec, bytes that need escaping", at("exec", sb, "printf", `<&>"\\%s\n\t\x01é`, "\u2028ü\xff"), true, 0, false},
-		{"exec, large output", at("exec", sb, "sh", "-c", "seq 1 30000; seq 1 3000 >&2"), true, 0, false},
-		{"exec, output cap notice", at("exec", "--output-cap", "4", sb, "sh", "-c", "echo 0123456789; echo abcdefgh >&2"), true, 0, false},
-		{"exec, command not found", at("exec", sb, "no-such-command"), true, 127, false},
-		{"exec, unknown sandbox", at("exec", "sb-nope", "true"), true, 1, false},
-		{"exec, unreachable socket", []string{"--address", "unix://" + missing, "exec", sb, "true"}, true, 1, false},
-		{"version", []string{"--version"}, true, 0, false},
+		{"lease", at("lease", "--pool", "fast"), true, 0, true, ""},
+		{"lease, flags after", []string{"lease", "--pool=fast", "-a", d.address, "-o", "wide"}, true, 0, true, ""},
+		{"lease -o json", at("-o", "json", "lease", "--pool", "fast"), true, 0, true, ""},
+		{"lease, unknown pool", at("lease", "--pool", "nope"), true, 1, false, ""},
+		{"lease, unreachable socket", []string{"-a", missing, "lease", "--pool", "fast"}, true, 1, false, ""},
+		{"exec true", at("exec", sb, "true"), true, 0, false, ""},
+		{"exec, exit code and stderr", at("exec", sb, "--", "sh", "-c", "echo out; echo err >&2; exit 3"), true, 3, false, ""},
+		{"exec, killed by a signal", at("exec", sb, "sh", "-c", "kill -9 $$"), true, 137, false, ""},
+		{"exec, stdin piped but not passed", at("exec", sb, "sh", "-c", "cat; echo done"), true, 0, false, ""},
+		{"exec, bytes that need escaping", at("exec", sb, "printf", `<&>"\\%s\n\t\x01é`, "\u2028ü\xff"), true, 0, false, ""},
+		{"exec, large output", at("exec", sb, "sh", "-c", "seq 1 30000; seq 1 3000 >&2"), true, 0, false, ""},
+		{"exec, output cap notice", at("exec", "--output-cap", "4", sb, "sh", "-c", "echo 0123456789; echo abcdefgh >&2"), true, 0, false, ""},
+		{"exec, command not found", at("exec", sb, "no-such-command"), true, 127, false, ""},
+		{"exec, unknown sandbox", at("exec", "sb-nope", "true"), true, 1, false, ""},
+		{"exec, unreachable socket", []string{"--address", "unix://" + missing, "exec", sb, "true"}, true, 1, false, ""},
+		{"version", []string{"--version"}, true, 0, false, ""},
 		// -o json: exec prints JSON lines, lease its result indented, errors a document on stderr.
-		{"-o json exec", at("-o", "json", "exec", sb, "sh", "-c", "printf 'out\\n\\377'; sleep 0.2; echo '<é>' >&2; exit 3"), true, 3, false},
-		{"-o json exec, output cap", at("exec", "-o", "json", "--output-cap", "4", sb, "sh", "-c", "echo 0123456789"), true, 0, false},
-		{"-o json exec, command not found", at("--output=json", "exec", sb, "no-such-command"), true, 127, false},
-		{"-o json exec error", at("-o", "json", "exec", "sb-nope", "true"), true, 1, false},
-		{"-o json lease error", at("lease", "--pool", "nope", "-o", "json"), true, 1, false},
-		{"-o json unreachable", []string{"-a", missing, "-o", "json", "exec", sb, "true"}, true, 1, false},
-		{"checkpoint create, unknown sandbox", at("checkpoint", "create", "sb-nope"), true, 1, false},
-		{"checkpoint create, unknown sandbox, -o json", at("checkpoint", "create", "sb-nope", "-m", "x", "-o", "json"), true, 1, false},
-		{"rollback, unknown sandbox", at("rollback", "sb-nope", "--to", "@"), true, 1, false},
-		{"rollback, unknown sandbox, -o json", at("-o", "json", "rollback", "sb-nope"), true, 1, false},
-		{"release, unknown sandbox", at("release", "sb-nope"), true, 1, false},
-		{"release, unknown sandbox, -o json", at("release", "sb-nope", "-o", "json"), true, 1, false},
-		{"release, unknown sandboxes, -o json", at("release", "sb-nope", "sb-nope2", "-o", "json"), true, 1, false},
-		{"release, unreachable socket", []string{"-a", missing, "release", "a", "b"}, true, 1, false},
+		{"-o json exec", at("-o", "json", "exec", sb, "sh", "-c", "printf 'out\\n\\377'; sleep 0.2; echo '<é>' >&2; exit 3"), true, 3, false, ""},
+		{"-o json exec, output cap", at("exec", "-o", "json", "--output-cap", "4", sb, "sh", "-c", "echo 0123456789"), true, 0, false, ""},
+		{"-o json exec, command not found", at("--output=json", "exec", sb, "no-such-command"), true, 127, false, ""},
+		{"-o json exec error", at("-o", "json", "exec", "sb-nope", "true"), true, 1, false, ""},
+		{"-o json lease error", at("lease", "--pool", "nope", "-o", "json"), true, 1, false, ""},
+		{"-o json unreachable", []string{"-a", missing, "-o", "json", "exec", sb, "true"}, true, 1, false, ""},
+		{"checkpoint create, unknown sandbox", at("checkpoint", "create", "sb-nope"), true, 1, false, ""},
+		{"checkpoint create, unknown sandbox, -o json", at("checkpoint", "create", "sb-nope", "-m", "x", "-o", "json"), true, 1, false, ""},
+		{"rollback, unknown sandbox", at("rollback", "sb-nope", "--to", "@"), true, 1, false, ""},
+		{"rollback, unknown sandbox, -o json", at("-o", "json", "rollback", "sb-nope"), true, 1, false, ""},
+		{"release, unknown sandbox", at("release", "sb-nope"), true, 1, false, ""},
+		{"release, unknown sandbox, -o json", at("release", "sb-nope", "-o", "json"), true, 1, false, ""},
+		{"release, unknown sandboxes, -o json", at("release", "sb-nope", "sb-nope2", "-o", "json"), true, 1, false, ""},
+		{"release, unreachable socket", []string{"-a", missing, "release", "a", "b"}, true, 1, false, ""},
+		// The C front (address from the environment).
+		{"C: lease", []string{"lease", "--pool", "fast"}, true, 0, true, "lease: done in C\n"},
+		{"C: lease, unknown pool", []string{"lease", "--pool=nope"}, true, 1, false, "lease: handed over (response)\n"},
+		{"C: exec true", []string{"exec", sb, "true"}, true, 0, false, "exec: done in C\n"},
+		{"C: exec, exit code and stderr", []string{"exec", sb, "sh", "-c", "echo out; echo err >&2; exit 3"}, true, 3, false, "exec: done in C\n"},
+		{"C: exec, killed by a signal", []string{"exec", sb, "sh", "-c", "kill -9 $$"}, true, 137, false, "exec: done in C\n"},
+		{"C: exec, escaped bytes", []string{"exec", sb, "printf", `<&>"\\%s\n\t\x01`, "\x7f\x1b"}, true, 0, false, "exec: done in C\n"},
+		{"C: exec, large output", []string{"exec", sb, "sh", "-c", "seq 1 30000; seq 1 3000 >&2"}, true, 0, false, "exec: done in C\n"},
+		{"C: exec, command not found", []string{"exec", sb, "no-such-command"}, true, 127, false, "exec: handed over (events)\n"},
+		{"C: exec, unknown sandbox", []string{"exec", "sb-nope", "true"}, true, 1, false, "exec: handed over (response)\n"},
+		{"C: exec, UTF-8 (left to Go)", []string{"exec", sb, "echo", "é"}, true, 0, false, ""},
 		// Handed over to deltabox-cli.
-		{"exec -i, stdin passed", at("exec", "-i", sb, "sh", "-c", "cat; exit 5"), false, 5, false},
-		{"-o yaml lease error", at("lease", "--pool", "nope", "-o", "yaml"), false, 1, false},
-		{"rollback usage error", at("rollback", sb, "ck"), false, 2, false},
-		{"checkpoint create usage error", at("checkpoint", "create"), false, 2, false},
-		{"release usage error", at("release"), false, 2, false},
-		{"exec usage error", at("exec", sb), false, 2, false},
-		{"lease usage error", at("lease"), false, 2, false},
-		{"exec --timeout", at("exec", "--timeout", "0.3", sb, "sleep", "5"), false, 137, false},
-		{"ls -q", at("ls", "-q"), false, 0, false},
+		{"exec -i, stdin passed", at("exec", "-i", sb, "sh", "-c", "cat; exit 5"), false, 5, false, ""},
+		{"-o yaml lease error", at("lease", "--pool", "nope", "-o", "yaml"), false, 1, false, ""},
+		{"rollback usage error", at("rollback", sb, "ck"), false, 2, false, ""},
+		{"checkpoint create usage error", at("checkpoint", "create"), false, 2, false, ""},
+		{"release usage error", at("release"), false, 2, false, ""},
+		{"exec usage error", at("exec", sb), false, 2, false, ""},
+		{"lease usage error", at("lease"), false, 2, false, ""},
+		{"exec --timeout", at("exec", "--timeout", "0.3", sb, "sleep", "5"), false, 137, false, ""},
+		{"ls -q", at("ls", "-q"), false, 0, false, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -96,8 +112,16 @@ func TestFastMatchesCLI(t *testing.T) {
 			if c.fast {
 				front = alone
 			}
-			out, errOut, code := run(front, c.args)
-			wantOut, wantErr, wantCode := run(cliBin, c.args)
+			var env []string
+			trace := filepath.Join(shortTempDir(t), "trace")
+			if c.trace != "" || strings.HasPrefix(c.name, "C: ") {
+				env = []string{"DELTABOX_ADDRESS=" + d.address, "DELTABOX_FRONT_TRACE=" + trace}
+			}
+			out, errOut, code := run(front, c.args, env...)
+			if tr, _ := os.ReadFile(trace); env != nil && string(tr) != c.trace {
+				t.Errorf("C front trace %q, want %q", tr, c.trace)
+			}
+			wantOut, wantErr, wantCode := run(cliBin, c.args, env...)
 			if wantCode != c.code {
 				t.Errorf("deltabox-cli exited %d, want %d (stderr %q)", wantCode, c.code, wantErr)
 			}

@@ -118,8 +118,8 @@ func TestHandOverKeepsArgs(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "deltabox")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build := exec.Command("go", "build", "-ldflags", fastLDFlags, "-o", bin, ".") // as make build builds it: the C front in
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the front: %v\n%s", err, out)
 	}
@@ -156,11 +156,20 @@ func TestHandOverKeepsArgs(t *testing.T) {
 	}
 }
 
-// TestFastBuildIsLight keeps what the front is for: it links none of the packages whose
-// initialisers and pages make deltabox-cli's start (main.go).
+// fastLDFlags is the Makefile's FAST_LDFLAGS: the front linked statically with glibc.
+const fastLDFlags = "-linkmode external -extldflags -static"
+
+// TestFastBuildIsLight keeps what the front is for: built as make build builds it (cgo), it
+// carries the C front, and links none of the packages whose initialisers and pages make
+// deltabox-cli's start (main.go).
 func TestFastBuildIsLight(t *testing.T) {
-	cmd := exec.Command("go", "list", "-deps", ".")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd := exec.Command("go", "list", "-f", "{{.CFiles}}", ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "[cfront.c]" {
+		t.Errorf("go list -f {{.CFiles}} with cgo: %s, %v; want [cfront.c] (the C front)", out, err)
+	}
+	cmd = exec.Command("go", "list", "-deps", ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list -deps: %v\n%s", err, out)

@@ -28,6 +28,22 @@
 // It does not link internal/oneproc as deltabox-cli does: it allocates so little that
 // setting GOMAXPROCS from an initialiser costs more pages than it saves (231 faults per lease
 // with it, 216 without, against 182 for a static hello world).
+//
+// What runs where. Even so, a Go program cannot start in less than the Go runtime's ~180
+// faults (~8 ms here; a static C program: ~25), so the two lines an agent runs most, `lease
+// --pool NAME` and `exec ID [--] CMD [ARGS...]` (text output, no flag but a leading
+// --address/-a, a unix socket, arguments in ASCII), run in C, as runc's nsenter runs
+// before the runtime: cfront.c is an ELF constructor that libc calls before main, which sends
+// the request, prints the result and _exit()s (~37 faults). For every other command line it
+// returns at once having sent nothing, and this Go front runs as described above. Once it has
+// sent a request it never lets it be sent again: on anything it does not fully know (a status
+// other than 200, an odd header, JSON shape or event, an error notice, a read or write error)
+// it leaves the connection and the bytes it read and did not use in C globals, and this
+// program's request (run.go) reads on from there (handover.go) with its own code, which
+// prints what it would have printed for a request of its own. So the build needs cgo (the
+// Makefile links it statically with glibc); built without cgo (nocgo.go), every line runs in
+// Go, as TestCFront's reference does. The C front's trace (DELTABOX_FRONT_TRACE, a file) is
+// for the tests only.
 package main
 
 import (
@@ -40,7 +56,12 @@ import (
 const cliBinary = "deltabox-cli"
 
 func main() {
+	sentByC = cFront()
 	c, ok := parse(os.Args[1:], syscall.Getenv)
+	if !ok && sentByC != nil { // cannot be (C sends only lines parse runs): never send it twice
+		os.Stderr.WriteString("deltabox: internal error: the C front sent a request for a command line the Go front does not run\n")
+		os.Exit(1)
+	}
 	if !ok {
 		os.Exit(handOver(os.Args))
 	}

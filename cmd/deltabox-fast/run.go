@@ -88,18 +88,25 @@ func printJSON(stdout io.Writer, data []byte) error {
 	return err
 }
 
-// request dials the daemon and sends one request; the caller reads the body (the process
-// exits after it: the connection is never closed by hand).
+// request dials the daemon and sends one request, or takes the one the C front sent
+// (handover.go); the caller reads the body (the process exits after it: the connection is
+// never closed by hand).
 func (c call) request(method, path, contentType string, body []byte) (*response, error) {
-	conn, err := dial(c.address)
+	var resp *response
+	var err error
+	if h := sentByC; h != nil { // the C front sent this request: read on from where it stopped
+		sentByC = nil
+		resp, err = h.response(c.address)
+	} else if conn, derr := dial(c.address); derr != nil {
+		err = derr
+	} else {
+		resp, err = roundTrip(conn, method, path, contentType, body)
+	}
 	if err == nil {
-		var resp *response
-		if resp, err = roundTrip(conn, method, path, contentType, body); err == nil {
-			if resp.code >= 300 {
-				return nil, decodeError(resp)
-			}
-			return resp, nil
+		if resp.code >= 300 {
+			return nil, decodeError(resp)
 		}
+		return resp, nil
 	}
 	// client.sendRaw's words for a failed round trip.
 	return nil, &classError{msg: "cannot reach the DeltaBox daemon at " + c.address + " (is `deltabox daemon` running?): " +

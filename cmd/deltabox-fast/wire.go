@@ -124,10 +124,17 @@ func readLine(r *bufio.Reader) (string, error) {
 type chunkedReader struct {
 	r    *bufio.Reader
 	left int64 // bytes left in the current chunk
+	crlf bool  // the CRLF after a chunk is still to read (a body the C front began: handover.go)
 	done bool
 }
 
 func (c *chunkedReader) Read(p []byte) (int, error) {
+	if c.crlf {
+		c.crlf = false
+		if _, err := readLine(c.r); err != nil {
+			return 0, err
+		}
+	}
 	for c.left == 0 {
 		if c.done {
 			return 0, io.EOF

@@ -1,0 +1,341 @@
+package main
+
+import (
+	"bufio"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"math/rand"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deltabox/deltabox/internal/testutil"
+)
+
+// standIn is a daemon stand-in on a unix socket: it answers every request with the bytes of
+// the current answer, written in pieces with a pause between them (so that the client reads
+// them one at a time), then closes the connection. It counts the requests it reads.
+type standIn struct {
+	mu       sync.Mutex
+	pieces   []string
+	requests []string // each request: its line, headers and body
+}
+
+func startStandIn(t *testing.T, sock string) *standIn {
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	s := &standIn{}
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go s.serve(conn)
+		}
+	}()
+	return s
+}
+
+func (s *standIn) serve(conn net.Conn) {
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	for { // every request on the connection is counted (the client must send one)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		body, _ := io.ReadAll(req.Body)
+		s.mu.Lock()
+		s.requests = append(s.requests, fmt.Sprint(req.Method, " ", req.URL, " ", req.Proto, " ", req.Host, " ", req.Header, " ", req.ContentLength, " ", string(body)))
+		pieces := s.pieces
+		s.mu.Unlock()
+		for i, p := range pieces {
+			if i > 0 {
+				time.Sleep(2 * time.Millisecond)
+			}
+			if _, err := conn.Write([]byte(p)); err != nil {
+				return
+			}
+		}
+		if c, ok := conn.(*net.UnixConn); ok {
+			c.CloseWrite()
+		}
+	}
+}
+
+// answer sets the next answer and forgets the requests seen; it returns them.
+func (s *standIn) answer(pieces ...string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := s.requests
+	s.pieces, s.requests = pieces, nil
+	return seen
+}
+
+// httpHead is a response head as net/http writes the daemon's.
+func httpHead(status string, headers ...string) string {
+	h := "HTTP/1.1 " + status + "\r\nContent-Type: application/json\r\nDate: Wed, 02 Dec 2026 16:00:00 GMT\r\n"
+	for _, x := range headers {
+		h += x + "\r\n"
+	}
+	return h + "\r\n"
+}
+
+func withLength(status, body string) string {
+	return httpHead(status, fmt.Sprintf("Content-Length: %d", len(body))) + body
+}
+
+// chunked encodes body in chunks of the given sizes (the last one repeats), with the final
+// empty chunk.
+func chunked(body string, sizes ...int) string {
+	var b strings.Builder
+	for i := 0; len(body) > 0; i++ {
+		n := sizes[min(i, len(sizes)-1)]
+		n = min(n, len(body))
+		fmt.Fprintf(&b, "%x\r\n%s\r\n", n, body[:n])
+		body = body[n:]
+	}
+	return b.String() + "0\r\n\r\n"
+}
+
+// cut splits s at n random places (a fixed seed: the same cuts every run).
+func cut(s string, n int) []string {
+	r := rand.New(rand.NewSource(int64(len(s))))
+	var at []int
+	for i := 0; i < n; i++ {
+		at = append(at, r.Intn(len(s)))
+	}
+	var out []string
+	last := 0
+	for _, a := range append(sortInts(at), len(s)) {
+		if a > last {
+			out = append(out, s[last:a])
+			last = a
+		}
+	}
+	return out
+}
+
+func sortInts(a []int) []int {
+	for i := range a {
+		for j := i + 1; j < len(a); j++ {
+			if a[j] < a[i] {
+				a[i], a[j] = a[j], a[i]
+			}
+		}
+	}
+	return a
+}
+
+func out(s string) string {
+	return `{"o":"` + base64.StdEncoding.EncodeToString([]byte(s)) + `"}` + "\n"
+}
+func errOut(s string) string {
+	return `{"e":"` + base64.StdEncoding.EncodeToString([]byte(s)) + `"}` + "\n"
+}
+
+func execHead() string {
+	return "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nDate: Wed, 02 Dec 2026 16:00:00 GMT\r\nTransfer-Encoding: chunked\r\n\r\n"
+}
+
+// buildFronts builds the front as make build does (cgo, static: the C front in), the front
+// without cgo (Go only), and deltabox-cli next to each.
+func buildFronts(t *testing.T) (cFront, goFront, cli string) {
+	if testing.Short() {
+		testutil.SkipOrFail(t, "builds the front and deltabox-cli (-short)")
+	}
+	if _, err := exec.LookPath("gcc"); err != nil {
+		testutil.SkipOrFail(t, "no gcc: the C front cannot be built")
+	}
+	dir := t.TempDir()
+	builds := []struct {
+		out, cgo string
+		args     []string
+	}{
+		{filepath.Join(dir, "c", "deltabox"), "1", []string{"-ldflags", fastLDFlags, "."}},
+		{filepath.Join(dir, "go", "deltabox"), "0", []string{"."}},
+		{filepath.Join(dir, "c", cliBinary), "0", []string{"-tags", "cli,urfave_cli_no_docs", "../deltabox"}},
+	}
+	for _, b := range builds {
+		cmd := exec.Command("go", append([]string{"build", "-o", b.out}, b.args...)...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", b.out, err, out)
+		}
+	}
+	return builds[0].out, builds[1].out, builds[2].out
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+	faults         int64
+	trace          string
+}
+
+// runFront runs bin with DELTABOX_ADDRESS=sock.
+func runFront(t *testing.T, bin, sock string, args ...string) result {
+	trace := filepath.Join(t.TempDir(), "trace")
+	var o, e strings.Builder
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &o, &e
+	cmd.Env = append(os.Environ(), "DELTABOX_ADDRESS="+sock, "DELTABOX_FRONT_TRACE="+trace)
+	_ = cmd.Run()
+	if cmd.ProcessState == nil {
+		t.Fatalf("%s %q did not run", bin, args)
+	}
+	tr, _ := os.ReadFile(trace)
+	return result{o.String(), e.String(), cmd.ProcessState.ExitCode(),
+		cmd.ProcessState.SysUsage().(*syscall.Rusage).Minflt, string(tr)}
+}
+
+// TestCFront runs lease and exec through the C front against a stand-in daemon's answers,
+// plain and odd, and checks that the front prints what the Go front (built without cgo) and
+// deltabox-cli print for the same answers, that the stand-in saw one request per call, and
+// that the C front took the call (done in C or handed over where the trace says).
+func TestCFront(t *testing.T) {
+	cBin, goBin, cliBin := buildFronts(t)
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	s := startStandIn(t, sock)
+
+	events := out("hello\n") + errOut("warn: <&>\n") + out("") + out(strings.Repeat("x", 70000)) + out("end\n")
+	bigLine := out(strings.Repeat("y", 1<<20)) // longer than the C front's event buffer
+	huge := ""
+	for i := 0; i < 60; i++ {
+		huge += out(fmt.Sprintf("%d %s\n", i, strings.Repeat("z", 48<<10)))
+	}
+	apiErr := `{"error":{"code":"not_found","message":"sandbox \"sb\": not found"}}` + "\n"
+	cases := []struct {
+		name   string
+		args   []string
+		pieces []string
+		trace  string // the C front's trace
+		cliToo bool   // deltabox-cli prints the same (else: the Go front only; see the case)
+	}{
+		{"lease", []string{"lease", "--pool", "p"},
+			[]string{withLength("200 OK", `{"sandbox":"sb-1","pool":"p","labels":{"a":"<b>"},"env":["X=1"],"cold":false,"lease_ms":0.25}`+"\n")},
+			"lease: done in C\n", true},
+		{"lease, head and body apart", []string{"lease", "--pool=p"},
+			cut(withLength("200 OK", `{"sandbox" : "sb-2" ,"n":-1.5e+3,"x":null,"y":[true,{}]}`), 6), "lease: done in C\n", true},
+		{"lease, 404", []string{"lease", "--pool", "nope"},
+			[]string{withLength("404 Not Found", `{"error":{"code":"not_found","message":"pool \"nope\": not found"}}`+"\n")},
+			"lease: handed over (response)\n", true},
+		{"lease, 500 not JSON", []string{"lease", "--pool", "p"},
+			cut(withLength("500 Internal Server Error", "boom\n"), 3), "lease: handed over (response)\n", true},
+		{"lease, escaped ID", []string{"lease", "--pool", "p"},
+			[]string{withLength("200 OK", `{"sandbox":"sb\u002d3"}`)}, "lease: handed over (response)\n", true},
+		{"lease, no ID", []string{"lease", "--pool", "p"},
+			[]string{withLength("200 OK", `{"pool":"p"}`)}, "lease: handed over (response)\n", true},
+		{"lease, chunked", []string{"lease", "--pool", "p"},
+			[]string{httpHead("200 OK", "Transfer-Encoding: chunked") + chunked(`{"sandbox":"sb-4"}`, 5)}, "lease: handed over (response)\n", true},
+		// cliToo false: the Go front words these errors (a decode error, a base64 error, a
+		// stream cut short) otherwise than deltabox-cli (encoding/json's and net/http's
+		// messages), as it did before the C front; the C front hands them to it.
+		{"lease, bad JSON", []string{"lease", "--pool", "p"},
+			[]string{withLength("200 OK", `{"sandbox":"sb-5",}`)}, "lease: handed over (response)\n", false},
+		{"lease, cut short", []string{"lease", "--pool", "p"},
+			[]string{httpHead("200 OK", "Content-Length: 100") + `{"sandbox":`}, "lease: handed over (response)\n", false},
+		{"exec true", []string{"exec", "sb", "true"},
+			[]string{execHead() + chunked(`{"exit":{"code":0,"pid":7,"duration_ms":0.5}}`+"\n", 4096)}, "exec: done in C\n", true},
+		{"exec, odd chunks, exit 3", []string{"exec", "sb", "sh", "-c", "echo \"a\\b\" <&>\t\x01; exit 3"},
+			cut(execHead()+chunked(events+`{"exit":{"code":3,"signal":"","pid":7,"error":"","timed_out":false}}`+"\n", 1, 7, 300, 65536, 3), 40),
+			"exec: done in C\n", true},
+		{"exec, killed", []string{"exec", "sb", "sleep", "9"},
+			[]string{execHead() + chunked(out("x")+`{"exit":{"code":137,"signal":"SIGKILL","pid":7}}`+"\n", 4)}, "exec: done in C\n", true},
+		{"exec, unknown event", []string{"exec", "sb", "true"},
+			cut(execHead()+chunked(out("before\n")+`{"progress":{"pct":50}}`+"\n"+errOut("after\n")+`{"exit":{"code":2}}`+"\n", 9, 30), 12),
+			"exec: handed over (events)\n", true},
+		{"exec, error event", []string{"exec", "sb", "true"},
+			[]string{execHead() + chunked(out("before\n")+apiErr, 11)}, "exec: handed over (events)\n", true},
+		{"exec, timed out", []string{"exec", "sb", "sleep", "9"},
+			[]string{execHead() + chunked(out("x\n")+`{"exit":{"code":137,"signal":"SIGKILL","timed_out":true}}`+"\n", 13)}, "exec: handed over (events)\n", true},
+		{"exec, output cut", []string{"exec", "sb", "cat", "f"},
+			[]string{execHead() + chunked(out("0123")+`{"exit":{"code":0,"stdout_truncated":true}}`+"\n", 100)}, "exec: handed over (events)\n", true},
+		{"exec, start error", []string{"exec", "sb", "nope"},
+			[]string{execHead() + chunked(`{"exit":{"code":127,"error":"exec: \"nope\": not found"}}`+"\n", 100)}, "exec: handed over (events)\n", true},
+		{"exec, huge output", []string{"exec", "sb", "cat", "big"},
+			cut(execHead()+chunked(huge+`{"exit":{"code":0}}`+"\n", 32768+7, 1000, 65536), 25), "exec: done in C\n", true},
+		{"exec, an event longer than C's buffer", []string{"exec", "sb", "cat", "big"},
+			cut(execHead()+chunked(out("a\n")+bigLine+out("b\n")+`{"exit":{"code":4}}`+"\n", 40000), 9), "exec: handed over (events)\n", true},
+		{"exec, handed over at a CRLF", []string{"exec", "sb", "true"},
+			[]string{execHead() + "7\r\n" + out("")[:7] + "\r\n", "2\r\n" + out("")[7:] + "\r\n" + "8\r\n{\"x\":1}\n\r", "\n14\r\n" + `{"exit":{"code":5}}` + "\n\r\n0\r\n\r\n"},
+			"exec: handed over (events)\n", true},
+		{"exec, 404", []string{"exec", "nope", "true"},
+			[]string{withLength("404 Not Found", apiErr)}, "exec: handed over (response)\n", true},
+		{"exec, bad base64", []string{"exec", "sb", "true"},
+			[]string{execHead() + chunked(out("ok\n")+`{"o":"@@@@"}`+"\n"+`{"exit":{"code":0}}`+"\n", 100)}, "exec: handed over (events)\n", false},
+		{"exec, no exit status", []string{"exec", "sb", "true"},
+			[]string{execHead() + chunked(out("ok\n")+`{"o":"b2s`, 5)}, "exec: handed over (events)\n", false},
+		{"exec, connection cut in a chunk", []string{"exec", "sb", "true"},
+			[]string{execHead() + "ff\r\n" + out("ok\n")}, "exec: handed over (events)\n", true},
+		// --address (DELTABOX_ADDRESS points elsewhere: the flag wins) and exec's --.
+		{"lease, --address", []string{"--address", sock, "lease", "--pool", "p"},
+			[]string{withLength("200 OK", `{"sandbox":"sb-6"}`)}, "lease: done in C\n", true},
+		{"exec, -a=, --", []string{"-a=unix://" + sock, "exec", "sb", "--", "-x", ""},
+			[]string{execHead() + chunked(out("-x\n")+`{"exit":{"code":0}}`+"\n", 100)}, "exec: done in C\n", true},
+		// Lines the C front leaves to Go (a byte above 0x7f, a flag): no trace, the same output.
+		{"exec, UTF-8 argument", []string{"exec", "sb", "echo", "é"},
+			[]string{execHead() + chunked(out("é\n")+`{"exit":{"code":0}}`+"\n", 100)}, "", true},
+		{"exec --output-cap", []string{"exec", "--output-cap", "2", "sb", "true"},
+			[]string{execHead() + chunked(`{"exit":{"code":0}}`+"\n", 100)}, "", true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s.answer(c.pieces...)
+			env := sock
+			if c.args[0] != "lease" && c.args[0] != "exec" {
+				env = "/nonexistent/deltabox.sock" // the --address flag wins
+			}
+			got := runFront(t, cBin, env, c.args...)
+			req := s.answer(c.pieces...)
+			if len(req) != 1 {
+				t.Errorf("the C front sent %d requests: %q", len(req), req)
+			}
+			if got.trace != c.trace {
+				t.Errorf("trace %q, want %q", got.trace, c.trace)
+			}
+			if c.trace == "lease: done in C\n" || c.trace == "exec: done in C\n" {
+				if got.faults > 120 { // the Go front makes ~200 (main.go); the C front ~40
+					t.Errorf("%d page faults: the call did not run in C alone", got.faults)
+				}
+			}
+			want := runFront(t, goBin, env, c.args...)
+			if goReq := s.answer(c.pieces...); len(goReq) != 1 || len(req) == 1 && req[0] != goReq[0] {
+				t.Errorf("requests: C front %q, Go front %q; want the same one", req, goReq)
+			}
+			compare := func(name string, want result) {
+				if got.stdout != want.stdout || got.stderr != want.stderr || got.code != want.code {
+					t.Errorf("deltabox %q:\nC front: exit %d\nstdout %q\nstderr %q\n%s: exit %d\nstdout %q\nstderr %q", c.args,
+						got.code, trim(got.stdout), got.stderr, name, want.code, trim(want.stdout), want.stderr)
+				}
+			}
+			compare("Go front", want)
+			if c.cliToo {
+				cli := runFront(t, cliBin, env, c.args...)
+				if req := s.answer(c.pieces...); len(req) != 1 {
+					t.Errorf("deltabox-cli sent %d requests", len(req))
+				}
+				compare("deltabox-cli", cli)
+			}
+		})
+	}
+}
+
+func trim(s string) string {
+	if len(s) > 300 {
+		return s[:150] + fmt.Sprintf("...(%d bytes)...", len(s)) + s[len(s)-150:]
+	}
+	return s
+}
