@@ -18,6 +18,8 @@ import (
 // daemon, and compares stdout, stderr and the exit code. The lines the front runs itself go
 // through a copy of it alone in a directory (no deltabox-cli to hand over to), so that a line
 // it wrongly handed over would fail there; the others go through bin/deltabox as installed.
+// The "C: " cases take the address from DELTABOX_ADDRESS and check the trace of the front's
+// C part (cmd/deltabox-fast/cfront.c: done in C, or handed over to its Go part, or not taken).
 func TestFastMatchesCLI(t *testing.T) {
 	d := startDaemon(t)
 	cliBin := filepath.Join(filepath.Dir(d.env.bin), "deltabox-cli")
