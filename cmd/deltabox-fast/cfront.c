@@ -155,7 +155,8 @@ static int write_all(int fd, const char *p, size_t n, int flags) {
 	return 0;
 }
 
-// fill reads more of the answer into rbuf; 0 at its end, on a read error or with rbuf full.
+// fill reads more of the answer into rbuf; 0 at its end, on a read error (noted for Go) or
+// with rbuf full. Every caller hands over when it returns 0.
 static int fill(int fd) {
 	for (;;) {
 		if (rlen == sizeof rbuf)
@@ -163,6 +164,8 @@ static int fill(int fd) {
 		ssize_t k = read(fd, rbuf + rlen, sizeof rbuf - rlen);
 		if (k < 0 && errno == EINTR)
 			continue;
+		if (k < 0)
+			cfront_h.read_err = errno; // a socket reports it once: Go gets it from cfront_h
 		if (k <= 0)
 			return 0;
 		rlen += k;

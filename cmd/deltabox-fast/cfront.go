@@ -22,6 +22,7 @@ func cFront() *fromC {
 		kind:    int(h.kind),
 		fd:      int(h.fd),
 		errno:   syscall.Errno(h.err),
+		readErr: syscall.Errno(h.read_err),
 		raw:     C.GoBytes(unsafe.Pointer(h.raw), C.int(h.rawlen)),
 		pending: C.GoBytes(unsafe.Pointer(h.pending), C.int(h.pendlen)),
 		left:    int64(h.left),

@@ -16,6 +16,7 @@ struct cfront_handover {
 	int kind;
 	int fd;              // the connection (kinds 1 and 2)
 	int err;             // kind 3: errno
+	int read_err;        // kinds 1 and 2: the errno of the read that made C stop (0: none)
 	const char *raw;     // bytes read from fd and not yet consumed (chunk framing included)
 	size_t rawlen;
 	const char *pending; // kind 2: decoded body bytes, starting at an event line's start

@@ -48,8 +48,22 @@ func startStandIn(t *testing.T, sock string) *standIn {
 	return s
 }
 
+// reset is an answer: the stand-in reads part of the request and closes the connection, so
+// that the client's read fails with ECONNRESET.
+const reset = "RESET"
+
 func (s *standIn) serve(conn net.Conn) {
 	defer conn.Close()
+	s.mu.Lock()
+	pieces := s.pieces
+	s.mu.Unlock()
+	if len(pieces) == 1 && pieces[0] == reset {
+		conn.Read(make([]byte, 64))
+		s.mu.Lock()
+		s.requests = append(s.requests, reset)
+		s.mu.Unlock()
+		return
+	}
 	br := bufio.NewReader(conn)
 	for { // every request on the connection is counted (the client must send one)
 		req, err := http.ReadRequest(br)
@@ -280,6 +294,9 @@ func TestCFront(t *testing.T) {
 			[]string{execHead() + chunked(out("ok\n")+`{"o":"b2s`, 5)}, "exec: handed over (events)\n", false},
 		{"exec, connection cut in a chunk", []string{"exec", "sb", "true"},
 			[]string{execHead() + "ff\r\n" + out("ok\n")}, "exec: handed over (events)\n", true},
+		// A read error: Go reports the one C's read got (a socket reports it once).
+		{"lease, connection reset", []string{"lease", "--pool", "p"}, []string{reset}, "lease: handed over (response)\n", false},
+		{"exec, connection reset", []string{"exec", "sb", "true"}, []string{reset}, "exec: handed over (response)\n", false},
 		// --address (DELTABOX_ADDRESS points elsewhere: the flag wins) and exec's --.
 		{"lease, --address", []string{"--address", sock, "lease", "--pool", "p"},
 			[]string{withLength("200 OK", `{"sandbox":"sb-6"}`)}, "lease: done in C\n", true},
@@ -322,6 +339,9 @@ func TestCFront(t *testing.T) {
 				}
 			}
 			compare("Go front", want)
+			if c.pieces[0] == reset && !strings.Contains(got.stderr, "connection reset by peer") {
+				t.Errorf("stderr %q: want the read's error (connection reset by peer)", got.stderr)
+			}
 			if c.cliToo {
 				cli := runFront(t, cliBin, env, c.args...)
 				if req := s.answer(c.pieces...); len(req) != 1 {

@@ -15,6 +15,7 @@ type fromC struct {
 	kind    int // one of the fromC* kinds
 	fd      int
 	errno   syscall.Errno // fromCWriteErr
+	readErr syscall.Errno // the error of C's last read (a socket reports it once), 0 for none
 	raw     []byte        // read from fd, not used: the answer from its status line (fromCResponse) or the chunked body's rest
 	pending []byte        // fromCEvents: the body, decoded, from an event line's start
 	left    int64         // fromCEvents: bytes left in the current chunk
@@ -37,10 +38,26 @@ func (h *fromC) response(address string) (*response, error) {
 	if h.kind == fromCWriteErr {
 		return nil, &os.PathError{Op: "write", Path: address, Err: h.errno} // os.File.Write's error
 	}
-	r := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(h.raw), os.NewFile(uintptr(h.fd), address)), 64<<10)
+	var conn io.Reader = os.NewFile(uintptr(h.fd), address)
+	if h.readErr != 0 { // what os.File.Read returned to C's read: Go's next read returns it
+		conn = io.MultiReader(&errOnce{&os.PathError{Op: "read", Path: address, Err: h.readErr}}, conn)
+	}
+	r := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(h.raw), conn), 64<<10)
 	if h.kind == fromCResponse {
 		return readResponse(r)
 	}
 	body := io.MultiReader(bytes.NewReader(h.pending), &chunkedReader{r: r, left: h.left, crlf: h.crlf})
 	return &response{status: "200 OK", code: 200, body: body}, nil
+}
+
+// errOnce returns its error once, then io.EOF (the connection's reads follow).
+type errOnce struct{ err error }
+
+func (e *errOnce) Read([]byte) (int, error) {
+	err := e.err
+	if err == nil {
+		return 0, io.EOF
+	}
+	e.err = nil
+	return 0, err
 }
