@@ -97,6 +97,10 @@ func TestFastMatchesCLI(t *testing.T) {
 		{"C: exec, command not found", []string{"exec", sb, "no-such-command"}, true, 127, false, "exec: handed over (events)\n"},
 		{"C: exec, unknown sandbox", []string{"exec", "sb-nope", "true"}, true, 1, false, "exec: handed over (response)\n"},
 		{"C: exec, UTF-8 (left to Go)", []string{"exec", sb, "echo", "é"}, true, 0, false, ""},
+		{"C: checkpoint create, unknown sandbox", []string{"checkpoint", "create", "sb-nope", "--pin"}, true, 1, false, "checkpoint: handed over (response)\n"},
+		{"C: rollback, unknown sandbox", []string{"rollback", "sb-nope", "--to", "@"}, true, 1, false, "rollback: handed over (response)\n"},
+		{"C: release, unknown sandbox", []string{"release", "sb-nope"}, true, 1, false, "release: handed over (response)\n"},
+		{"C: release, several (left to Go)", []string{"release", "sb-nope", "sb-nope2"}, true, 1, false, ""},
 		// Handed over to deltabox-cli.
 		{"exec -i, stdin passed", at("exec", "-i", sb, "sh", "-c", "cat; exit 5"), false, 5, false, ""},
 		{"-o yaml lease error", at("lease", "--pool", "nope", "-o", "yaml"), false, 1, false, ""},

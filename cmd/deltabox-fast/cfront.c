@@ -2,32 +2,41 @@
 
 // The C front of bin/deltabox: why it exists and what runs where is in main.go's package
 // comment. In short: an ELF constructor, which libc runs before main and so before the Go
-// runtime starts, runs the two command lines an agent runs at every step,
+// runtime starts, runs the command lines an agent runs at every step,
 //
 //   deltabox [--address PATH] lease --pool NAME   (or --pool=NAME; -a PATH, --address=PATH)
 //   deltabox [--address PATH] exec ID [--] CMD [ARGS...]   (no exec flags; without --, CMD
 //                                                           does not start with '-')
+//   deltabox [--address PATH] checkpoint create ID [--level V] [-m|--message V] [--name V]
+//                                                  [--pin] [--processes] [--async]
+//   deltabox [--address PATH] rollback ID [--to CKPT] [--force] [--replay]
+//   deltabox [--address PATH] release ID   (one ID; checkpoint's and rollback's flags may come
+//                                           before or after the ID, as parse.go's leaf reads them)
 //
 // in text output against a unix socket (--address, else DELTABOX_ADDRESS, else the default),
 // arguments in ASCII, and _exit()s. On this VM class every page a process touches first
 // costs 17-45 us, and the Go runtime's start alone is ~180 such faults; this path touches a
 // few dozen.
 //
-// It sends the very request the Go front sends (wire.go roundTrip, run.go lease/exec), and
-// prints only what it knows the Go front would print: the sandbox ID of a 200 lease whose body
-// is a JSON object it can read, and exec's output events ({"o"|"e":"BASE64"}) up to a plain
-// exit status ({"exit":{...}} without error, timeout or truncation notices). For any other
-// command line it returns at once, before sending anything, and the Go front runs as if this
-// file did not exist. Once it has sent the request it never returns to a state where Go would
-// send it again: on anything it does not fully know (a status other than 200, a header or a
-// JSON shape it does not read, an unknown event, a read or write error) it leaves the
-// connection and every byte it read and did not use in cfront_h (cfront.h) and returns; the Go
-// front (cfront.go, handover.go) goes on from that point with its own code, which prints the
-// result or the error exactly as it does for a request of its own.
+// It sends the very request the Go front sends (wire.go roundTrip, run.go), and prints only
+// what it knows the Go front would print: the sandbox ID of a 200 lease whose body is a JSON
+// object it can read, the lines of a 200 checkpoint or rollback whose body it reads in full
+// (strings without escapes, numbers as written), the ID of a 200 release, and exec's output
+// events ({"o"|"e":"BASE64"}) up to a plain exit status ({"exit":{...}} without error, timeout
+// or truncation notices). For any other command line it returns at once, before sending
+// anything, and the Go front runs as if this file did not exist. Once it has sent the request
+// it never returns to a state where Go would send it again: on anything it does not fully know
+// (a status other than 200, a header or a JSON shape it does not read, an unknown event, a read
+// or write error) it leaves the connection and every byte it read and did not use in cfront_h
+// (cfront.h) and returns; the Go front (cfront.go, handover.go) goes on from that point with
+// its own code, which prints the result or the error exactly as it does for a request of its
+// own.
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -562,22 +571,32 @@ static int read_head(int fd, const char *verb, size_t *at, long long *clen, int 
 	return 1;
 }
 
-static void lease(int fd) {
-	size_t at;
+// read_body reads a 200 answer with a Content-Length body that fits rbuf, in full: 1 with the
+// body at rbuf[*at:*e], else 0 (handed over).
+static int read_body(int fd, const char *verb, size_t *at, const char **e) {
 	long long clen;
 	int chunked;
-	if (!read_head(fd, "lease: handed over (response)\n", &at, &clen, &chunked))
-		return;
-	if (chunked || clen < 0 || clen > (long long)(sizeof rbuf - at)) {
-		hand_over(CFRONT_RESPONSE, fd, "lease: handed over (response)\n");
-		return;
+	if (!read_head(fd, verb, at, &clen, &chunked))
+		return 0;
+	if (!chunked && clen >= 0 && clen <= (long long)(sizeof rbuf - *at))
+		while (rlen - *at < (size_t)clen && fill(fd)) {
+		}
+	if (chunked || clen < 0 || clen > (long long)(sizeof rbuf - *at) || rlen - *at < (size_t)clen) {
+		hand_over(CFRONT_RESPONSE, fd, verb);
+		return 0;
 	}
-	while (rlen - at < (size_t)clen && fill(fd)) {
-	}
+	*e = rbuf + *at + clen;
+	return 1;
+}
+
+static void lease(int fd) {
+	size_t at;
+	const char *e;
+	if (!read_body(fd, "lease: handed over (response)\n", &at, &e))
+		return;
 	struct lease_result r = {0};
-	const char *e = rbuf + at + clen;
 	const char *p = ws(rbuf + at, e);
-	p = rlen - at >= (size_t)clen && p < e && *p == '{' ? jobj(p, e, 0, lease_member, &r) : NULL;
+	p = p < e && *p == '{' ? jobj(p, e, 0, lease_member, &r) : NULL;
 	if (!p || ws(p, e) != e || !r.id || r.n > sizeof body - 1) {
 		hand_over(CFRONT_RESPONSE, fd, "lease: handed over (response)\n");
 		return;
@@ -632,6 +651,247 @@ static void exec_events(int fd) {
 	}
 }
 
+// Members of a checkpoint's or rollback's answer C prints, as json.go's getString, getNum,
+// getMS and getArray read them; any other shape (a string with an escape or a byte above
+// 0x7f, a value of another type, a key with an escape) is left to Go.
+enum { F_STR, F_NUM, F_ARR };
+struct field {
+	const char *k;
+	int type;
+	const char *v; // NULL: absent or null (getString "", getNum "0", getArray none)
+	size_t n;      // F_STR: without quotes; else the value as written
+};
+
+static int field_member(struct member *m, void *ctx) {
+	struct field *f = ctx;
+	int esc;
+	if (m->kesc)
+		return 0;
+	for (; f->k && !key_is(m, f->k); f++) {
+	}
+	if (!f->k)
+		return 1;
+	f->v = NULL; // the last one wins, as in json.go's map
+	if (value_is(m, "null"))
+		return 1;
+	if (f->type == F_STR) {
+		if (*m->v != '"' || jstr(m->v, m->ve, &esc) != m->ve || esc)
+			return 0;
+		for (const char *p = m->v; p < m->ve; p++)
+			if ((unsigned char)*p >= 0x80)
+				return 0; // json.go's UTF-8 checks are left to Go
+	} else if (f->type == F_NUM ? *m->v != '-' && !is_digit(*m->v) : *m->v != '[') {
+		return 0;
+	}
+	f->v = m->v + (f->type == F_STR);
+	f->n = m->ve - m->v - (f->type == F_STR ? 2 : 0);
+	return 1;
+}
+
+// put_field appends a string or a number member as getString / getNum print it.
+static void put_field(struct buf *b, struct field *f) {
+	if (f->v)
+		put(b, f->v, f->n);
+	else if (f->type == F_NUM)
+		puts_(b, "0");
+}
+
+// put_ms appends a number member as getMS does (strconv.FormatFloat(f, 'f', 2, 64) of
+// ParseFloat: glibc's strtod and printf round exactly too); 0 for an exponent (and so an
+// infinity) or a long number, left to Go.
+static int put_ms(struct buf *b, struct field *f) {
+	char in[32], o[48];
+	size_t n = f->v ? f->n : 1;
+	if (n >= sizeof in - 8)
+		return 0;
+	memcpy(in, f->v ? f->v : "0", n);
+	in[n] = 0;
+	if (strpbrk(in, "eE"))
+		return 0;
+	int k = snprintf(o, sizeof o, "%.2f", strtod(in, NULL));
+	if (k <= 0 || (size_t)k >= sizeof o)
+		return 0;
+	put(b, o, k);
+	return 1;
+}
+
+// each_obj calls line for each object of the array at p (as written, through e), its
+// members in f; 0 for an element that is not an object, or when line returns 0.
+static int each_obj(const char *p, const char *e, struct field *f, struct buf *b, int (*line)(struct buf *, struct field *)) {
+	if (!p)
+		return 1; // getArray of null or nothing
+	p = ws(p + 1, e);
+	if (p < e && *p == ']')
+		return 1;
+	for (;;) {
+		p = ws(p, e);
+		if (p >= e || *p != '{')
+			return 0;
+		for (struct field *g = f; g->k; g++)
+			g->v = NULL;
+		if (!(p = jobj(p, e, 1, field_member, f)) || !line(b, f))
+			return 0;
+		p = ws(p, e);
+		if (p < e && *p == ']')
+			return 1;
+		if (p >= e || *p != ',')
+			return 0;
+		p++;
+	}
+}
+
+// run.go checkpoint's printProcesses: "process PID (COMM): KEPT[ (REASON)]".
+static int process_line(struct buf *b, struct field *f) {
+	puts_(b, "process ");
+	put_field(b, &f[0]);
+	puts_(b, " (");
+	put_field(b, &f[1]);
+	puts_(b, "): ");
+	put_field(b, &f[2]);
+	if (f[3].v && f[3].n) {
+		puts_(b, " (");
+		put_field(b, &f[3]);
+		puts_(b, ")");
+	}
+	puts_(b, "\n");
+	return 1;
+}
+
+// run.go rollback's lost process: "not restored: pid PID (COMM): REASON".
+static int lost_line(struct buf *b, struct field *f) {
+	puts_(b, "not restored: pid ");
+	put_field(b, &f[0]);
+	puts_(b, " (");
+	put_field(b, &f[1]);
+	puts_(b, "): ");
+	put_field(b, &f[3]);
+	puts_(b, "\n");
+	return 1;
+}
+
+// summary reads a 200 checkpoint or rollback answer and prints it as run.go's checkpoint /
+// rollback do in text output: fmt holds literal text and, at each '%', the next field of f
+// (of type F_STR or F_NUM; '@' for an F_NUM printed by getMS); the last field of f is the
+// array of processes whose lines line prints.
+static void summary(int fd, const char *verb, struct field *f, const char *fmt, int (*line)(struct buf *, struct field *)) {
+	static char hand[64], done[64];
+	struct buf h = {hand, 0, sizeof hand - 1, 0}, d = {done, 0, sizeof done - 1, 0};
+	puts_(&h, verb);
+	puts_(&h, ": handed over (response)\n");
+	puts_(&d, verb);
+	puts_(&d, ": done in C\n");
+	size_t at;
+	const char *e;
+	if (!read_body(fd, hand, &at, &e))
+		return;
+	const char *p = ws(rbuf + at, e);
+	p = p < e && *p == '{' ? jobj(p, e, 0, field_member, f) : NULL;
+	struct buf b = {body, 0, sizeof body, 0}; // the request is sent: its buffer is free
+	int ok = p && ws(p, e) == e;
+	struct field *g = f;
+	for (; ok && *fmt; fmt++) {
+		if (*fmt == '%')
+			put_field(&b, g++);
+		else if (*fmt == '@')
+			ok = put_ms(&b, g++);
+		else
+			put(&b, fmt, 1);
+	}
+	struct field procs[] = {{"pid", F_NUM, 0, 0}, {"comm", F_STR, 0, 0}, {"kept", F_STR, 0, 0}, {"reason", F_STR, 0, 0}, {0, 0, 0, 0}};
+	ok = ok && each_obj(g->v, g->v ? g->v + g->n : NULL, procs, &b, line);
+	if (!ok || b.over || write_all(1, body, b.n, 0)) {
+		hand_over(CFRONT_RESPONSE, fd, hand);
+		return;
+	}
+	note(done);
+	_exit(0);
+}
+
+static void checkpoint(int fd) {
+	struct field f[] = {{"checkpoint", F_STR, 0, 0}, {"level", F_STR, 0, 0}, {"files_changed", F_NUM, 0, 0}, {"bytes", F_NUM, 0, 0},
+	                    {"frozen_ms", F_NUM, 0, 0}, {"total_ms", F_NUM, 0, 0}, {"processes", F_ARR, 0, 0}, {0, 0, 0, 0}};
+	summary(fd, "checkpoint", f, "checkpoint % (%): % files, % bytes, frozen @ ms, total @ ms\n", process_line);
+}
+
+static void rollback(int fd) {
+	struct field f[] = {{"to", F_STR, 0, 0}, {"files_restored", F_NUM, 0, 0}, {"ops_undone", F_NUM, 0, 0},
+	                    {"effects_dropped", F_NUM, 0, 0}, {"processes_stopped", F_NUM, 0, 0}, {"processes_restored", F_NUM, 0, 0},
+	                    {"frozen_ms", F_NUM, 0, 0}, {"total_ms", F_NUM, 0, 0}, {"processes_lost", F_ARR, 0, 0}, {0, 0, 0, 0}};
+	summary(fd, "rollback", f,
+	        "rolled back to %: % files restored, % state ops undone, % effects dropped, % processes stopped, % restored, "
+	        "frozen @ ms, total @ ms\n",
+	        lost_line);
+}
+
+// release (one ID): run.go release discards a 200 answer's body and prints the ID.
+static void release(int fd, const char *id) {
+	size_t at;
+	const char *e;
+	if (!read_body(fd, "release: handed over (response)\n", &at, &e))
+		return;
+	size_t n = strlen(id);
+	memcpy(body, id, n);
+	body[n] = '\n';
+	if (write_all(1, body, n + 1, 0)) {
+		hand_over(CFRONT_RESPONSE, fd, "release: handed over (response)\n");
+		return;
+	}
+	note("release: done in C\n");
+	_exit(0);
+}
+
+// A flag of checkpoint create or rollback in the one spelling C reads: value flags
+// (--NAME V or --NAME=V; slot: where its value goes, the last one wins) or bare bools.
+struct flag {
+	const char *s;
+	int slot;
+};
+
+// leaf reads the arguments after the verb as parse.go's leaf does, for the flags of vals and
+// bools: 1 with the one positional ID in *id, the values in val[slot] and the bools in on[];
+// 0 for anything else (another spelling, a second ID, --, a value that is empty or starts
+// with '-'), left to Go.
+static int leaf(int argc, char **argv, const struct flag *vals, const char *const *bools, const char **val, int *on, const char **id) {
+	*id = NULL;
+	for (int j = 0; j < argc; j++) {
+		const char *a = argv[j];
+		if (a[0] != '-') {
+			if (*id || !safe_name(a))
+				return 0;
+			*id = a;
+			continue;
+		}
+		int k;
+		for (k = 0; bools[k] && strcmp(a, bools[k]); k++) {
+		}
+		if (bools[k]) {
+			on[k] = 1;
+			continue;
+		}
+		for (k = 0; vals[k].s; k++) {
+			size_t n = strlen(vals[k].s);
+			if (!strncmp(a, vals[k].s, n) && (a[n] == '=' || !a[n]))
+				break;
+		}
+		if (!vals[k].s)
+			return 0;
+		const char *v = strchr(a, '=') ? strchr(a, '=') + 1 : j + 1 < argc ? argv[++j] : "";
+		if (!*v || *v == '-')
+			return 0;
+		val[vals[k].slot] = v;
+	}
+	return *id != NULL;
+}
+
+// put_member appends ,"KEY":"VALUE" (no comma after the brace); 0 as put_json.
+static int put_member(struct buf *b, const char *k, const char *v) {
+	if (b->n > 1)
+		puts_(b, ",");
+	put_json(b, k);
+	puts_(b, ":");
+	return v ? put_json(b, v) : (puts_(b, "true"), 1);
+}
+
 // cfront is the constructor: glibc calls it with main's arguments and environment.
 __attribute__((constructor)) static void cfront(int argc, char **argv, char **envp) {
 	const char *addr = NULL, *flag = NULL;
@@ -647,7 +907,11 @@ __attribute__((constructor)) static void cfront(int argc, char **argv, char **en
 	if (flag && (!*flag || *flag == '-')) // parse.go flagValue: left to Go
 		return;
 	int verb_lease = (argc - i == 2 || argc - i == 3) && !strcmp(argv[i], "lease");
-	if (!verb_lease && !(argc - i >= 3 && !strcmp(argv[i], "exec")))
+	int verb_exec = argc - i >= 3 && !strcmp(argv[i], "exec");
+	int verb_ck = argc - i >= 3 && !strcmp(argv[i], "checkpoint") && !strcmp(argv[i + 1], "create");
+	int verb_rb = argc - i >= 2 && !strcmp(argv[i], "rollback");
+	int verb_rel = argc - i >= 2 && !strcmp(argv[i], "release");
+	if (!verb_lease && !verb_exec && !verb_ck && !verb_rb && !verb_rel)
 		return;
 	for (char **e = envp; e && *e; e++) { // the first of a name wins, as in Go's syscall.Getenv
 		if (!addr && !strncmp(*e, "DELTABOX_ADDRESS=", 17))
@@ -669,7 +933,7 @@ __attribute__((constructor)) static void cfront(int argc, char **argv, char **en
 	argc -= i;
 
 	struct buf b = {body, 0, sizeof body, 0}, r = {req, 0, sizeof req, 0};
-	const char *type;
+	const char *type, *rel_id = NULL;
 	puts_(&r, "POST /v1/");
 	if (verb_lease) { // run.go lease: POST /v1/pools/NAME/lease {}
 		const char *pool = argc == 2 && !strncmp(argv[1], "--pool=", 7) ? argv[1] + 7
@@ -681,6 +945,36 @@ __attribute__((constructor)) static void cfront(int argc, char **argv, char **en
 		puts_(&r, pool);
 		puts_(&r, "/lease");
 		puts_(&b, "{}");
+		type = "application/json";
+	} else if (!verb_exec) { // parse.go parseCheckpoint, parseRollback, parseRelease
+		static const struct flag ck_vals[] = {{"--level", 0}, {"--message", 1}, {"-m", 1}, {"--name", 2}, {0, 0}};
+		static const struct flag rb_vals[] = {{"--to", 0}, {0, 0}}, no_vals[] = {{0, 0}};
+		static const char *const ck_bools[] = {"--pin", "--processes", "--async", 0}, *const rb_bools[] = {"--force", "--replay", 0},
+		                         *const no_bools[] = {0}, *const ck_keys[] = {"level", "message", "name"},
+		                         *const ck_on[] = {"pin", "processes", "async"}, *const rb_on[] = {"force", "replay"};
+		const char *val[3] = {0}, *id;
+		int on[3] = {0};
+		if (verb_ck ? !leaf(argc - 2, argv + 2, ck_vals, ck_bools, val, on, &id)
+		            : !leaf(argc - 1, argv + 1, verb_rb ? rb_vals : no_vals, verb_rb ? rb_bools : no_bools, val, on, &id))
+			return;
+		puts_(&r, "sandboxes/");
+		puts_(&r, id);
+		puts_(&r, verb_ck ? "/checkpoints" : verb_rb ? "/rollback" : "/release");
+		if (!verb_rel)
+			puts_(&b, "{");
+		for (int j = 0; j < 3 && !verb_rel; j++) { // the values, then the bools, in parse.go's order
+			const char *k = verb_ck ? ck_keys[j] : j ? NULL : "to";
+			if (k && val[j] && !put_member(&b, k, val[j]))
+				return;
+		}
+		for (int j = 0; j < 3 && !verb_rel; j++) {
+			const char *on_k = verb_ck ? ck_on[j] : j < 2 ? rb_on[j] : NULL;
+			if (on_k && on[j])
+				put_member(&b, on_k, NULL);
+		}
+		if (!verb_rel)
+			puts_(&b, "}");
+		rel_id = id;
 		type = "application/json";
 	} else { // run.go exec: POST /v1/sandboxes/ID/exec {"argv":[...]}\n
 		int cmd = strcmp(argv[2], "--") ? 2 : 3; // CMD, or -- CMD
@@ -733,11 +1027,21 @@ __attribute__((constructor)) static void cfront(int argc, char **argv, char **en
 	if (err) {
 		cfront_h.kind = CFRONT_WRITE_ERR;
 		cfront_h.err = err;
-		note(verb_lease ? "lease: handed over (write)\n" : "exec: handed over (write)\n");
+		note(verb_lease ? "lease: handed over (write)\n"
+		     : verb_exec ? "exec: handed over (write)\n"
+		     : verb_ck   ? "checkpoint: handed over (write)\n"
+		     : verb_rb   ? "rollback: handed over (write)\n"
+		                 : "release: handed over (write)\n");
 		return;
 	}
 	if (verb_lease)
 		lease(fd);
-	else
+	else if (verb_exec)
 		exec_events(fd);
+	else if (verb_ck)
+		checkpoint(fd);
+	else if (verb_rb)
+		rollback(fd);
+	else
+		release(fd, rel_id);
 }

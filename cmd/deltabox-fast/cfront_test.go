@@ -215,7 +215,7 @@ func runFront(t *testing.T, bin, sock string, args ...string) result {
 		cmd.ProcessState.SysUsage().(*syscall.Rusage).Minflt, string(tr)}
 }
 
-// TestCFront runs lease and exec through the C front against a stand-in daemon's answers,
+// TestCFront runs lease, exec, checkpoint create, rollback and release through the C front against a stand-in daemon's answers,
 // plain and odd, and checks that the front prints what the Go front (built without cgo) and
 // deltabox-cli print for the same answers, that the stand-in saw one request per call, and
 // that the C front took the call (done in C or handed over where the trace says).
@@ -231,6 +231,12 @@ func TestCFront(t *testing.T) {
 		huge += out(fmt.Sprintf("%d %s\n", i, strings.Repeat("z", 48<<10)))
 	}
 	apiErr := `{"error":{"code":"not_found","message":"sandbox \"sb\": not found"}}` + "\n"
+	ck := `{"checkpoint":"ck-1","sandbox":"sb","level":"fs","files_changed":3,"bytes":1024,"frozen_ms":1.234,"total_ms":5.675,"created_at":"2026-12-02T16:00:00Z"}` + "\n"
+	ckProcs := `{"checkpoint":"ck-2", "level":"full","files_changed":0,"bytes":0,"frozen_ms":12.5,"total_ms":30.001,` +
+		`"processes":[{"pid":7,"comm":"sh","kept":"restorable"},{"pid":8,"comm":"node","kept":"dropped","reason":"holds a socket"}, {"comm":"z","kept":"x","reason":""}]}`
+	rb := `{"to":"ck-1","files_restored":2,"ops_undone":1,"effects_dropped":0,"processes_stopped":3,"processes_restored":3,"frozen_ms":4.5,"total_ms":9.875}`
+	rbLost := `{"to":"ck-1","files_restored":0,"ops_undone":0,"effects_dropped":1,"processes_stopped":2,"processes_restored":0,"frozen_ms":0.004,"total_ms":0.996,` +
+		`"processes_lost":[{"pid":9,"comm":"sleep","reason":"exited"},{"pid":10,"comm":"a.out","reason":"ptrace: EPERM"}]}`
 	cases := []struct {
 		name   string
 		args   []string
@@ -307,29 +313,97 @@ func TestCFront(t *testing.T) {
 			[]string{execHead() + chunked(out("é\n")+`{"exit":{"code":0}}`+"\n", 100)}, "", true},
 		{"exec --output-cap", []string{"exec", "--output-cap", "2", "sb", "true"},
 			[]string{execHead() + chunked(`{"exit":{"code":0}}`+"\n", 100)}, "", true},
+		// checkpoint create, rollback and release (one ID).
+		{"checkpoint", []string{"checkpoint", "create", "sb"},
+			[]string{withLength("200 OK", ck)}, "checkpoint: done in C\n", true},
+		{"checkpoint, flags, processes", []string{"checkpoint", "create", "-m", "a \"<q>\" \\ \t&", "sb", "--name=n1", "--level", "full", "--pin", "--processes", "--async", "--name", "last"},
+			cut(withLength("200 OK", ckProcs), 8), "checkpoint: done in C\n", true},
+		{"checkpoint, async, flags first", []string{"checkpoint", "create", "--async", "-m=x", "sb"},
+			[]string{withLength("200 OK", `{"checkpoint":"ck-3","level":"fs","pending":true,"processes":null,"frozen_ms":0,"total_ms":0.001}`)},
+			"checkpoint: done in C\n", true},
+		{"checkpoint, ms ties and rounding", []string{"checkpoint", "create", "sb"},
+			[]string{withLength("200 OK", `{"checkpoint":"ck-4","level":"fs","files_changed":0,"bytes":0,"frozen_ms":0.125,"total_ms":2.675}`)},
+			"checkpoint: done in C\n", true},
+		{"checkpoint, ms rounding up", []string{"checkpoint", "create", "sb"},
+			[]string{withLength("200 OK", `{"checkpoint":"ck-5","level":"fs","frozen_ms":1.005,"total_ms":99.995,"bytes":12345678901}`)},
+			"checkpoint: done in C\n", true},
+		{"checkpoint, exponent", []string{"checkpoint", "create", "sb"},
+			[]string{withLength("200 OK", `{"checkpoint":"ck-6","level":"fs","frozen_ms":1e3,"total_ms":2}`)},
+			"checkpoint: handed over (response)\n", true},
+		{"checkpoint, escaped string", []string{"checkpoint", "create", "sb"},
+			[]string{withLength("200 OK", `{"checkpoint":"ck\u002d7","level":"fs"}`)}, "checkpoint: handed over (response)\n", true},
+		{"checkpoint, a process's escaped reason", []string{"checkpoint", "create", "sb", "--processes"},
+			[]string{withLength("200 OK", `{"checkpoint":"ck-8","level":"fs","processes":[{"pid":1,"comm":"a","kept":"dropped","reason":"\"x\""}]}`)},
+			"checkpoint: handed over (response)\n", true},
+		{"checkpoint, 404", []string{"checkpoint", "create", "nope"},
+			[]string{withLength("404 Not Found", apiErr)}, "checkpoint: handed over (response)\n", true},
+		{"checkpoint, 500 not JSON", []string{"checkpoint", "create", "sb"},
+			cut(withLength("500 Internal Server Error", "boom\n"), 3), "checkpoint: handed over (response)\n", true},
+		// cliToo false: the CLI's typed decoding refuses (or reads otherwise) what json.go reads.
+		{"checkpoint, processes not a list", []string{"checkpoint", "create", "sb"},
+			[]string{withLength("200 OK", `{"checkpoint":"ck-9","level":"fs","processes":{}}`)}, "checkpoint: handed over (response)\n", false},
+		{"checkpoint, a number as a string", []string{"checkpoint", "create", "sb"},
+			[]string{withLength("200 OK", `{"checkpoint":"ck-9","level":"fs","bytes":"1"}`)}, "checkpoint: handed over (response)\n", false},
+		{"checkpoint, cut short", []string{"checkpoint", "create", "sb"},
+			[]string{httpHead("200 OK", "Content-Length: 100") + `{"checkpoint":`}, "checkpoint: handed over (response)\n", false},
+		{"checkpoint, chunked", []string{"checkpoint", "create", "sb"},
+			[]string{httpHead("200 OK", "Transfer-Encoding: chunked") + chunked(ck, 7)}, "checkpoint: handed over (response)\n", true},
+		{"checkpoint, connection reset", []string{"checkpoint", "create", "sb"}, []string{reset}, "checkpoint: handed over (response)\n", false},
+		{"rollback", []string{"rollback", "sb"},
+			[]string{withLength("200 OK", rb)}, "rollback: done in C\n", true},
+		{"rollback --to, --force, --replay, processes lost", []string{"rollback", "--replay", "sb", "--to", "ck-1", "--force"},
+			cut(withLength("200 OK", rbLost), 5), "rollback: done in C\n", true},
+		{"rollback, 409 behind a commit point", []string{"rollback", "sb", "--to=ck-1"},
+			[]string{withLength("409 Conflict", `{"error":{"code":"conflict","message":"checkpoint \"ck-1\" is behind commit point \"cp-2\"; use --force"}}`+"\n")},
+			"rollback: handed over (response)\n", true},
+		{"rollback, 500", []string{"rollback", "sb"},
+			[]string{withLength("500 Internal Server Error", `{"error":{"code":"internal","message":"disk on fire"}}`)}, "rollback: handed over (response)\n", true},
+		{"rollback, bad JSON", []string{"rollback", "sb"},
+			[]string{withLength("200 OK", `{"to":"ck-1",]`)}, "rollback: handed over (response)\n", false},
+		{"rollback, a lost process not an object", []string{"rollback", "sb"},
+			[]string{withLength("200 OK", `{"to":"ck-1","processes_lost":[1]}`)}, "rollback: handed over (response)\n", false},
+		{"release", []string{"release", "sb"},
+			[]string{withLength("200 OK", `{"released":"sb"}`+"\n")}, "release: done in C\n", true},
+		{"release, empty body", []string{"release", "sb"},
+			cut(withLength("200 OK", ""), 2), "release: done in C\n", true},
+		{"release, 404", []string{"release", "nope"},
+			[]string{withLength("404 Not Found", apiErr)}, "release: handed over (response)\n", true},
+		{"release, chunked", []string{"release", "sb"},
+			[]string{httpHead("200 OK", "Transfer-Encoding: chunked") + chunked(`{}`, 1)}, "release: handed over (response)\n", true},
+		{"release, --address", []string{"--address", sock, "release", "sb"},
+			[]string{withLength("200 OK", `{}`)}, "release: done in C\n", true},
+		// Lines the C front leaves to Go (several IDs, -o, a byte above 0x7f, another spelling).
+		{"release, two IDs", []string{"release", "sb", "sb2"}, []string{withLength("200 OK", `{}`)}, "", true},
+		{"checkpoint -o json", []string{"checkpoint", "create", "sb", "-o", "json"}, []string{withLength("200 OK", ck)}, "", false}, // the CLI adds its struct's zero fields
+		{"checkpoint, UTF-8 message", []string{"checkpoint", "create", "sb", "-m", "é"}, []string{withLength("200 OK", ck)}, "", true},
+		{"rollback -force", []string{"rollback", "sb", "-force"}, []string{withLength("200 OK", rb)}, "", true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			s.answer(c.pieces...)
 			env := sock
-			if c.args[0] != "lease" && c.args[0] != "exec" {
+			if strings.HasPrefix(c.args[0], "-") {
 				env = "/nonexistent/deltabox.sock" // the --address flag wins
 			}
 			got := runFront(t, cBin, env, c.args...)
 			req := s.answer(c.pieces...)
-			if len(req) != 1 {
+			calls := 1 // a request per ID for release
+			if c.args[0] == "release" {
+				calls = len(c.args) - 1
+			}
+			if len(req) != calls {
 				t.Errorf("the C front sent %d requests: %q", len(req), req)
 			}
 			if got.trace != c.trace {
 				t.Errorf("trace %q, want %q", got.trace, c.trace)
 			}
-			if c.trace == "lease: done in C\n" || c.trace == "exec: done in C\n" {
+			if strings.HasSuffix(c.trace, ": done in C\n") {
 				if got.faults > 120 { // the Go front makes ~200 (main.go); the C front ~40
 					t.Errorf("%d page faults: the call did not run in C alone", got.faults)
 				}
 			}
 			want := runFront(t, goBin, env, c.args...)
-			if goReq := s.answer(c.pieces...); len(goReq) != 1 || len(req) == 1 && req[0] != goReq[0] {
+			if goReq := s.answer(c.pieces...); len(goReq) != calls || len(req) == calls && strings.Join(req, "\n") != strings.Join(goReq, "\n") {
 				t.Errorf("requests: C front %q, Go front %q; want the same one", req, goReq)
 			}
 			compare := func(name string, want result) {
@@ -344,7 +418,7 @@ func TestCFront(t *testing.T) {
 			}
 			if c.cliToo {
 				cli := runFront(t, cliBin, env, c.args...)
-				if req := s.answer(c.pieces...); len(req) != 1 {
+				if req := s.answer(c.pieces...); len(req) != calls {
 					t.Errorf("deltabox-cli sent %d requests", len(req))
 				}
 				compare("deltabox-cli", cli)
