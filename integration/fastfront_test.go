@@ -106,6 +106,7 @@ func TestFastMatchesCLI(t *testing.T) {
 		{"-o yaml lease error", at("lease", "--pool", "nope", "-o", "yaml"), false, 1, false, ""},
 		{"rollback usage error", at("rollback", sb, "ck"), false, 2, false, ""},
 		{"checkpoint create usage error", at("checkpoint", "create"), false, 2, false, ""},
+		{"C: checkpoint create, -m and --message (left to Go: a usage error)", []string{"checkpoint", "create", sb, "-m", "a", "--message", "b"}, false, 2, false, ""},
 		{"release usage error", at("release"), false, 2, false, ""},
 		{"exec usage error", at("exec", sb), false, 2, false, ""},
 		{"lease usage error", at("lease"), false, 2, false, ""},

@@ -849,9 +849,10 @@ struct flag {
 
 // leaf reads the arguments after the verb as parse.go's leaf does, for the flags of vals and
 // bools: 1 with the one positional ID in *id, the values in val[slot] and the bools in on[];
-// 0 for anything else (another spelling, a second ID, --, a value that is empty or starts
-// with '-'), left to Go.
+// 0 for anything else (another spelling, both spellings of one flag, a second ID, --, a
+// value that is empty or starts with '-'), left to Go.
 static int leaf(int argc, char **argv, const struct flag *vals, const char *const *bools, const char **val, int *on, const char **id) {
+	const char *form[3] = {0}; // the spelling that set each slot: -m then --message is a usage error
 	*id = NULL;
 	for (int j = 0; j < argc; j++) {
 		const char *a = argv[j];
@@ -876,8 +877,9 @@ static int leaf(int argc, char **argv, const struct flag *vals, const char *cons
 		if (!vals[k].s)
 			return 0;
 		const char *v = strchr(a, '=') ? strchr(a, '=') + 1 : j + 1 < argc ? argv[++j] : "";
-		if (!*v || *v == '-')
+		if (!*v || *v == '-' || (form[vals[k].slot] && form[vals[k].slot] != vals[k].s))
 			return 0;
+		form[vals[k].slot] = vals[k].s;
 		val[vals[k].slot] = v;
 	}
 	return *id != NULL;

@@ -68,6 +68,7 @@ func TestParseFast(t *testing.T) {
 // handedOver are command lines the front must not run itself: everything but the shapes of
 // TestParseFast, including near misses of them.
 var handedOver = [][]string{
+	{"checkpoint", "create", "sb", "-m", "a", "--message", "b"}, {"checkpoint", "create", "sb", "--message=a", "-m", "b"},
 	{}, {"ls"}, {"version"}, {"help"}, {"--help"}, {"-h"}, {"help", "exec"}, {"daemon", "--config", "x.toml"},
 	{"lease"}, {"lease", "p"}, {"lease", "--pool"}, {"lease", "--pool", ""}, {"lease", "--pool", "a/b"}, {"lease", "--pool", "p", "--env", "A=1"},
 	{"lease", "--pool", "p", "--label", "k=v"}, {"lease", "--pool", "p", "--allow", "x:1"}, {"lease", "--pool", "p", "--egress-policy", "p.yaml"},

@@ -179,14 +179,17 @@ func (c *call) leaf(args []string, out *string, flag func(name, val string, hasV
 // parseCheckpoint reads `checkpoint create` 's arguments: ID and --level, -m/--message,
 // --name, --pin, --async, --processes (bool flags bare only: --pin=false is handed over).
 func (c *call) parseCheckpoint(args []string, out *string) bool {
-	var level, msg, name string
+	var level, msg, name, msgForm string
 	var pin, async, procs bool
 	pos, ok := c.leaf(args, out, func(f, val string, hasVal bool) bool {
 		switch {
 		case hasVal && f == "level":
 			level = val
 		case hasVal && (f == "message" || f == "m"):
-			msg = val
+			if msgForm != "" && msgForm != f { // urfave/cli: "Cannot use two forms of the same flag" (exit 2)
+				return false
+			}
+			msg, msgForm = val, f
 		case hasVal && f == "name":
 			name = val
 		case !hasVal && f == "pin":
