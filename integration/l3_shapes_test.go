@@ -169,10 +169,13 @@ func TestL3ProcessShapes(t *testing.T) {
 	waitShapes(t, a, id, "the pushed original", shapes, plus(before, 5), plus(before, 0))
 
 	// An L3 checkpoint, time passes, rollback: every shape is back at the checkpoint and runs on.
+	// 100 ticks (5 s) pass before the rollback, so that a shape rolled back cannot have counted
+	// past them again by the time it is read (the restore and that read take a second or more
+	// on a loaded machine: 20 ticks were not enough there).
 	at := a.shapes(id)
 	var ck api.Checkpoint
 	a.cliJSON(&ck, "checkpoint", "create", id, "--level", "l3")
-	later := waitShapes(t, a, id, "after the checkpoint", shapes, plus(at, 20), nil)
+	later := waitShapes(t, a, id, "after the checkpoint", shapes, plus(at, 100), nil)
 	a.cli("rollback", id, "--to", ck.ID)
 	back := waitShapes(t, a, id, "after the rollback", shapes, plus(at, 0), plus(at, 0))
 	for _, name := range shapes {
