@@ -30,10 +30,11 @@
 // with it, 216 without, against 182 for a static hello world).
 //
 // What runs where. Even so, a Go program cannot start in less than the Go runtime's ~180
-// faults (~8 ms here; a static C program: ~25), so the two lines an agent runs most, `lease
-// --pool NAME` and `exec ID [--] CMD [ARGS...]` (text output, no flag but a leading
-// --address/-a, a unix socket, arguments in ASCII), run in C, as runc's nsenter runs
-// before the runtime: cfront.c is an ELF constructor that libc calls before main, which sends
+// faults (~8 ms here; a static C program: ~25), so the lines an agent runs at every step,
+// `lease --pool NAME`, `exec ID [--] CMD [ARGS...]`, `checkpoint create ID` and `rollback ID`
+// with their flags above, and `release ID` for one ID (text output, a leading --address/-a
+// at most among the globals, a unix socket, arguments in ASCII), run in C, as runc's nsenter
+// runs before the runtime: cfront.c is an ELF constructor that libc calls before main, which sends
 // the request, prints the result and _exit()s (~37 faults). For every other command line it
 // returns at once having sent nothing, and this Go front runs as described above. Once it has
 // sent a request it never lets it be sent again: on anything it does not fully know (a status
