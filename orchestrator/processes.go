@@ -104,8 +104,7 @@ func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc, noFallback 
 			proc, err := o.tracer(i).Seize(e.Pid, func(pid int) error { return s.checkMember(pid, start) })
 			if err == nil {
 				proc.Inspect() // frozen: what Wait would read after the thaw
-			}
-			if err != nil {
+			} else {
 				e.Kept, e.Reason = api.KeptNone, err.Error()
 				if errors.Is(err, proctpl.ErrMultiThreaded) {
 					e.Reason = "multi-threaded: a template copies one thread; no CRIU fallback: " + noFallback
