@@ -236,7 +236,7 @@ func (s *session) l1Chain() int {
 // the prepared capture, which the caller commits (with the record) or aborts.
 func (o *Orchestrator) cut(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, pendingFiles, error) {
 	start := time.Now()
-	if err := s.frz.Freeze(ctx); err != nil {
+	if err := s.freeze(ctx, s.pin()); err != nil {
 		return 0, nil, err
 	}
 	frozenAt := time.Now()
@@ -296,6 +296,7 @@ func pids(procs []pool.Proc) []int {
 // thaw thaws the sandbox and logs a failure; the freezer takes no context, so a cancelled
 // request still thaws (ctx only carries the logger).
 func (o *Orchestrator) thaw(ctx context.Context, s *session) error {
+	s.unpin()
 	err := s.frz.Thaw()
 	if err != nil {
 		log.L(ctx).Error("thaw sandbox", "sandbox", s.id, "error", err)

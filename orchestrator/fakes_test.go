@@ -29,11 +29,12 @@ type fakeFreezer struct {
 	killed []int // pids passed to Kill
 }
 
-func (f *fakeFreezer) Freeze(context.Context) error { f.set(true); return nil }
-func (f *fakeFreezer) Thaw() error                  { f.set(false); return nil }
-func (f *fakeFreezer) Procs() ([]pool.Proc, error)  { return f.procs, nil }
-func (f *fakeFreezer) Park(int) error               { return pool.ErrCannotPark }
-func (f *fakeFreezer) Adopt(int) error              { return nil }
+func (f *fakeFreezer) Freeze(context.Context) error  { f.set(true); return nil }
+func (f *fakeFreezer) Pin(map[int]bool) *pool.Pinned { return nil }
+func (f *fakeFreezer) Thaw() error                   { f.set(false); return nil }
+func (f *fakeFreezer) Procs() ([]pool.Proc, error)   { return f.procs, nil }
+func (f *fakeFreezer) Park(int) error                { return pool.ErrCannotPark }
+func (f *fakeFreezer) Adopt(int) error               { return nil }
 func (f *fakeFreezer) ProcsExcept(skip map[int]bool) ([]pool.Proc, error) {
 	var out []pool.Proc
 	for _, p := range f.procs {

@@ -270,6 +270,9 @@ func (s *session) templateCheckpoints() []string {
 // templates and their spares (stopped, they never write a file nor need a kill), whose
 // /proc entries are then not read at all.
 func (s *session) sandboxProcs() ([]pool.Proc, error) {
+	if s.frozenProcs != nil { // frozen by s.freeze: the list taken meanwhile, brought up to date
+		return s.frozenProcs.Procs()
+	}
 	return s.frz.ProcsExcept(s.templatePids())
 }
 
@@ -277,7 +280,7 @@ func (s *session) sandboxProcs() ([]pool.Proc, error) {
 // now) before a rollback to a checkpoint with processes starts its copies, but its init and
 // the processes of the checkpoint that no template can bring back (keep): those run on as
 // they are, as in a rollback of files only.
-func killForCopies(frz freezer, now []pool.Proc, keep map[pool.Proc]bool, init int) int {
+func killForCopies(kill func([]int) int, now []pool.Proc, keep map[pool.Proc]bool, init int) int {
 	var pids []int
 	for _, p := range now {
 		if p.Pid != init && !keep[p] {
@@ -287,7 +290,7 @@ func killForCopies(frz freezer, now []pool.Proc, keep map[pool.Proc]bool, init i
 	if len(pids) == 0 {
 		return 0
 	}
-	return frz.Kill(pids)
+	return kill(pids)
 }
 
 // unrestorable returns the processes of a checkpoint with processes that have no live
@@ -369,10 +372,11 @@ func (o *Orchestrator) restoreProcessCheckpoint(ctx context.Context, s *session,
 // nothing of the sandbox can reach them), in parallel with the files' rollback, and they
 // are started in the frozen sandbox once every step is done: they run with the thaw.
 type armedCopies struct {
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	tpls map[int]*proctpl.Template // by entry host pid
-	pids map[int]int               // entry host pid -> armed copy
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	tpls    map[int]*proctpl.Template // by entry host pid
+	pids    map[int]int               // entry host pid -> armed copy
+	armedAt time.Time                 // when start found every copy armed
 }
 
 // armCopies starts arming the target's parked spares (nothing for a checkpoint without
@@ -405,6 +409,7 @@ func (o *Orchestrator) armCopies(s *session, target ckptRecord) *armedCopies {
 // at its start, so no instant of it runs outside the sandbox's freezing.
 func (a *armedCopies) start(frz freezer) map[int]bool {
 	a.wg.Wait()
+	a.armedAt = time.Now()
 	started := map[int]bool{}
 	for e, pid := range a.pids {
 		tp := a.tpls[e]
@@ -508,7 +513,7 @@ func (p *procsPending) wait() (*procCheckpoint, map[int]*proctpl.Template, time.
 func (o *Orchestrator) cutWithProcesses(out **procsPending, noFallback string) cutFunc {
 	return func(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, pendingFiles, error) {
 		start := time.Now()
-		if err := s.frz.Freeze(ctx); err != nil {
+		if err := s.freeze(ctx, s.pin()); err != nil {
 			return 0, nil, err
 		}
 		frozenAt := time.Now()

@@ -95,6 +95,7 @@ func (s *session) rollbackTarget(req api.RollbackRequest) (rollbackIntent, error
 // Every step after it is idempotent, so that a redo can run them again.
 func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult, record bool) (time.Duration, error) {
 	began := time.Now()
+	pinned := s.pin() // beside the intent's write and the freeze
 	if record {
 		// Written before the freeze (the session lock keeps the state and checkpoints
 		// still, and whatever the sandbox does until the freeze is after the target, undone
@@ -103,17 +104,19 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		// nothing changes before the intent is durable. In the page cache it already
 		// survives a killed daemon.
 		if err := failpoint.Inject("rollback/before-intent"); err != nil {
+			(<-pinned).Close()
 			return 0, err
 		}
 		synced, err := s.intents.writeAsync(in)
 		if err != nil {
+			(<-pinned).Close()
 			return 0, err // nothing changed
 		}
 		s.intentSynced = synced
 		defer func() { _ = synced(); s.intentSynced = nil }() // never left running
 	}
 	freezeAt := time.Now()
-	if err := s.frz.Freeze(ctx); err != nil {
+	if err := s.freeze(ctx, pinned); err != nil {
 		if record {
 			_ = s.intents.clear() // nothing changed
 		}
@@ -282,9 +285,13 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	done := false
 	defer func() {
 		if done {
+			t := time.Now()
 			s.started = armed.start(s.frz)
 			for e := range s.started {
 				s.sawHuge(armed.pids[e]) // a copy shares its template's pages
+			}
+			if len(armed.pids) > 0 {
+				sp.args = append(sp.args, "copies_armed", armed.armedAt.Sub(t), "copies_start", time.Since(t))
 			}
 		} else {
 			armed.cancel()
@@ -380,8 +387,8 @@ var errNothingChanged = errors.New("nothing was changed")
 func (o *Orchestrator) stopNewer(ctx context.Context, s *session, in rollbackIntent, target ckptRecord, procs []pool.Proc, res *api.RollbackResult) error {
 	var err error
 	if target.ProcCkpt != nil { // copies of the templates replace the processes
-		res.ProcessesStopped = killForCopies(s.frz, procs, s.unrestorable(target), int(s.sb.InitPid))
-	} else if res.ProcessesStopped, err = killNewer(s.frz, procs, target.Procs, int(s.sb.InitPid)); err != nil {
+		res.ProcessesStopped = killForCopies(s.kill, procs, s.unrestorable(target), int(s.sb.InitPid))
+	} else if res.ProcessesStopped, err = killNewer(s.kill, procs, target.Procs, int(s.sb.InitPid)); err != nil {
 		return err
 	}
 	if res.EffectsDropped, err = o.dropEffects(ctx, s, in.Watermark); err != nil {
@@ -471,8 +478,8 @@ func (s *session) merged() (path string, done func(), err error) {
 // killNewer SIGKILLs the sandbox's processes (now) that did not exist at the checkpoint (by
 // pid and start time), never its init (whose pid an L3 restore changes; its exit would
 // fence the sandbox). Signals to frozen processes take effect when they are thawed. The kill
-// goes through pidfds of cgroup members (frz.Kill), so a pid reused since Procs is never hit.
-func killNewer(frz freezer, now, keep []pool.Proc, init int) (int, error) {
+// goes through pidfds of cgroup members (session.kill), so a pid reused since Procs is never hit.
+func killNewer(kill func([]int) int, now, keep []pool.Proc, init int) (int, error) {
 	old := make(map[pool.Proc]bool, len(keep))
 	for _, p := range keep {
 		old[p] = true
@@ -486,7 +493,7 @@ func killNewer(frz freezer, now, keep []pool.Proc, init int) (int, error) {
 	if len(pids) == 0 {
 		return 0, nil
 	}
-	return frz.Kill(pids), nil
+	return kill(pids), nil
 }
 
 // resetFiles is the pool's Reset hook: on release, with only init left running, it returns

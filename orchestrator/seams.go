@@ -18,6 +18,7 @@ import (
 // freezer freezes and thaws one sandbox's processes.
 type freezer interface {
 	Freeze(ctx context.Context) error
+	Pin(skip map[int]bool) *pool.Pinned // the processes but skip, held by pidfds (session.freeze)
 	Thaw() error
 	Procs() ([]pool.Proc, error)
 	ProcsExcept(skip map[int]bool) ([]pool.Proc, error) // Procs without skip

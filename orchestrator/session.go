@@ -64,6 +64,7 @@ type session struct {
 	started      map[int]bool   // the rollback's copies started in its frozen window, by entry pid
 	hugeSeen     map[int]bool   // pids that had their chance at huge pages (hugepages.go)
 	intentSynced func() error   // waits for the running rollback's intent to be durable
+	frozenProcs  *pool.Pinned   // while frozen by freeze: the processes listed meanwhile
 	tplBytes     atomic.Int64   // their memory, as last measured
 	asyncErr     error          // the failure of the last asynchronous checkpoint (async.go)
 
@@ -355,6 +356,46 @@ func (s *session) seedState(ctx context.Context, doc json.RawMessage) error {
 		return fmt.Errorf("restore agent state: %w", err)
 	}
 	return nil
+}
+
+// pin lists the sandbox's processes (but the templates) in the background, each held by a
+// pidfd (pool.Pin), for freeze: a list taken before the window, brought up to date in it.
+// Run it before the freeze, so that it overlaps the freeze (and whatever comes first).
+func (s *session) pin() <-chan *pool.Pinned {
+	ch := make(chan *pool.Pinned, 1)
+	skip := s.templatePids()
+	go func() { ch <- s.frz.Pin(skip) }()
+	return ch
+}
+
+// freeze freezes the sandbox. pinned, from pin, gives its processes listed meanwhile: in the
+// frozen window sandboxProcs then only brings that list up to date and kill signals through
+// its pidfds. The thaw (Orchestrator.thaw) drops it.
+func (s *session) freeze(ctx context.Context, pinned <-chan *pool.Pinned) error {
+	s.unpin()
+	err := s.frz.Freeze(ctx)
+	p := <-pinned
+	if err != nil {
+		p.Close()
+		return err
+	}
+	s.frozenProcs = p
+	return nil
+}
+
+// kill SIGKILLs those of pids that are members of the sandbox, through pidfds (never by
+// number): in a window of freeze, those of its list (Pinned.Kill: no membership read).
+func (s *session) kill(pids []int) int {
+	if s.frozenProcs != nil {
+		return s.frozenProcs.Kill(pids)
+	}
+	return s.frz.Kill(pids)
+}
+
+// unpin drops the list freeze took.
+func (s *session) unpin() {
+	s.frozenProcs.Close()
+	s.frozenProcs = nil
 }
 
 // background runs fn under the session lock once the caller has released it (after the

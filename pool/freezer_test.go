@@ -144,3 +144,75 @@ func TestFreezeWithTheFreezerKeptActive(t *testing.T) {
 	slices.Sort(took)
 	t.Logf("freeze + thaw: median %s", took[len(took)/2])
 }
+
+// TestPinnedListsTheFrozenSandbox: the list pinned before the freeze, brought up to date in
+// the frozen window, is what ProcsExcept reads (skip honoured); a pinned process whose pid
+// now belongs to another process is not taken for it; Kill reaches only members.
+func TestPinnedListsTheFrozenSandbox(t *testing.T) {
+	_, f := testCgroup(t)
+	a, b, skipped := startIn(t, f.dir), startIn(t, f.dir), startIn(t, f.dir)
+	skip := map[int]bool{skipped.Process.Pid: true}
+	p := f.Pin(skip)
+	if p == nil {
+		t.Fatal("Pin could not list the cgroup")
+	}
+	defer p.Close()
+	if err := f.Freeze(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Procs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := f.ProcsExcept(skip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sortProcs(got)
+	sortProcs(want)
+	if len(want) != 2 || !slices.Equal(got, want) {
+		t.Fatalf("pinned list %v, ProcsExcept %v (want a and b: %d, %d)", got, want, a.Process.Pid, b.Process.Pid)
+	}
+	if err := f.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+
+	// b exits and is reaped; a new process c joins. Forge the reuse of b's pid by c: c's pid
+	// pinned with b's (dead) pidfd and another start time. Procs must read c's own start time.
+	bp := b.Process.Pid
+	_ = b.Process.Kill()
+	_ = b.Wait()
+	c := startIn(t, f.dir)
+	cStart, err := procStart(c.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.procs[c.Process.Pid], p.fds[c.Process.Pid] = Proc{Pid: c.Process.Pid, Start: cStart + 1000}, p.fds[bp]
+	delete(p.fds, bp)
+	got, err = p.Procs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(got, Proc{Pid: c.Process.Pid, Start: cStart}) || slices.ContainsFunc(got, func(q Proc) bool { return q.Pid == bp }) {
+		t.Fatalf("after b's exit and c's start: %v; want c with start %d and no b (%d)", got, cStart, bp)
+	}
+
+	// Kill: listed processes through their pidfds; a pid Procs did not list (a host process)
+	// only if it is a member, which it is not.
+	outside := exec.Command("sleep", "100")
+	if err := outside.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = outside.Process.Kill(); _ = outside.Wait() }()
+	if n := p.Kill([]int{c.Process.Pid, outside.Process.Pid}); n != 1 {
+		t.Fatalf("Kill signalled %d, want 1 (c only)", n)
+	}
+	if err := c.Wait(); err == nil {
+		t.Fatal("c survived the kill")
+	}
+	if err := outside.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the host process was killed: %v", err)
+	}
+}
+
+func sortProcs(ps []Proc) { slices.SortFunc(ps, func(a, b Proc) int { return a.Pid - b.Pid }) }
