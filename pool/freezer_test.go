@@ -46,6 +46,17 @@ func startIn(t *testing.T, dir string) *exec.Cmd {
 	return cmd
 }
 
+// startOutside starts sleep outside any test cgroup (a host process).
+func startOutside(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "100")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd
+}
+
 // TestKillAllButKeepsOnlyTheInit: release kills through the cgroup, child cgroups included,
 // and leaves the init (and processes outside the cgroup) alone.
 func TestKillAllButKeepsOnlyTheInit(t *testing.T) {
@@ -93,11 +104,7 @@ func TestKillAllButKeepsOnlyTheInit(t *testing.T) {
 func TestKillSignalsOnlyMembers(t *testing.T) {
 	_, f := testCgroup(t)
 	member := startIn(t, f.dir)
-	outside := exec.Command("sleep", "100")
-	if err := outside.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = outside.Process.Kill(); _ = outside.Wait() }()
+	outside := startOutside(t)
 	if n := f.Kill([]int{member.Process.Pid, outside.Process.Pid}); n != 1 {
 		t.Fatalf("Kill signalled %d, want 1", n)
 	}
@@ -199,11 +206,7 @@ func TestPinnedListsTheFrozenSandbox(t *testing.T) {
 
 	// Kill: listed processes through their pidfds; a pid Procs did not list (a host process)
 	// only if it is a member, which it is not.
-	outside := exec.Command("sleep", "100")
-	if err := outside.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = outside.Process.Kill(); _ = outside.Wait() }()
+	outside := startOutside(t)
 	if n := p.Kill([]int{c.Process.Pid, outside.Process.Pid}); n != 1 {
 		t.Fatalf("Kill signalled %d, want 1 (c only)", n)
 	}
