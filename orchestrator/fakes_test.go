@@ -62,6 +62,10 @@ type fakeFiles struct {
 	meta      map[string][]byte
 	files     string
 	rollbacks int
+	prepared  int    // PrepareRollback calls
+	aborted   int    // prepared rollbacks aborted
+	onPrepare func() // called by PrepareRollback
+	onApply   func() // called when a prepared rollback is applied
 	failRoll  error
 	deleted   []string
 	// unwritten: a Deferred rollback's record is not yet written; disk* is the head a
@@ -147,6 +151,40 @@ func (f *fakeFiles) Rollback(_ context.Context, req overlay.RollbackRequest) (*o
 	f.rollbacks++
 	return &overlay.RollbackResult{FilesRestored: 1}, nil
 }
+func (f *fakeFiles) PrepareRollback(_ context.Context, req overlay.RollbackRequest) (preparedFiles, error) {
+	f.prepared++
+	if f.onPrepare != nil {
+		f.onPrepare()
+	}
+	return &fakePrepared{f: f, req: req}, nil
+}
+
+// fakePrepared is a prepared rollback of fakeFiles: applied, it is fakeFiles.Rollback.
+type fakePrepared struct {
+	f    *fakeFiles
+	req  overlay.RollbackRequest
+	done bool
+}
+
+func (p *fakePrepared) Rollback(ctx context.Context, open overlay.OpenFiles, beforeWrite func() error) (*overlay.RollbackResult, error) {
+	if p.done {
+		return nil, fmt.Errorf("prepared rollback applied twice: %w", errdefs.ErrFailedPrecondition)
+	}
+	p.done = true
+	if p.f.onApply != nil {
+		p.f.onApply()
+	}
+	p.req.Open, p.req.BeforeWrite = open, beforeWrite
+	return p.f.Rollback(ctx, p.req)
+}
+
+func (p *fakePrepared) Abort() {
+	if !p.done {
+		p.done = true
+		p.f.aborted++
+	}
+}
+
 func (f *fakeFiles) Delete(_ context.Context, id string, merge ...overlay.MetaMerge) error {
 	f.unwritten = false
 	for _, kid := range f.ids {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -453,5 +454,47 @@ func TestRollbackWaitsForItsIntent(t *testing.T) {
 	}
 	if r.fx.status(1) != "dropped" || r.s.head != c2 {
 		t.Fatalf("the next rollback: effect %s, head %s", r.fx.status(1), r.s.head)
+	}
+}
+
+// TestRollbackPreparedBeforeFreeze: the files' rollback is worked out before the freeze and
+// applied inside it; a rollback that stops before the files (here in its frozen window)
+// aborts the preparation, so the file store is released and changes nothing, and the
+// rollback's redo prepares anew.
+func TestRollbackPreparedBeforeFreeze(t *testing.T) {
+	r := newRig(t, 64)
+	c2 := r.checkpoint()
+	r.patch()
+	r.checkpoint()
+	var frozenAtPrepare, frozenAtApply []bool
+	r.fs.onPrepare = func() { frozenAtPrepare = append(frozenAtPrepare, r.frz.isFrozen()) }
+	r.fs.onApply = func() { frozenAtApply = append(frozenAtApply, r.frz.isFrozen()) }
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(frozenAtPrepare, []bool{false}) || !slices.Equal(frozenAtApply, []bool{true}) || r.fs.aborted != 0 || r.fs.files != c2 {
+		t.Fatalf("prepared while frozen: %v, applied while frozen: %v, aborted %d, files at %s; want prepared before the freeze and applied in it",
+			frozenAtPrepare, frozenAtApply, r.fs.aborted, r.fs.files)
+	}
+
+	r.patch()
+	c3 := r.checkpoint()
+	r.fs.files = "dirty"
+	t.Cleanup(failpoint.Reset)
+	if err := failpoint.Enable("rollback/frozen", "1*error"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); !errors.Is(err, failpoint.ErrInjected) {
+		t.Fatalf("rollback = %v, want the injected failure", err)
+	}
+	if r.fs.aborted != 1 || r.fs.files != "dirty" || r.frz.isFrozen() {
+		t.Fatalf("a rollback stopped in its window: %d preparations aborted, files at %s, frozen %v; want 1, untouched, thawed",
+			r.fs.aborted, r.fs.files, r.frz.isFrozen())
+	}
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c3}); err != nil { // redoes the pending one first
+		t.Fatal(err)
+	}
+	if r.fs.prepared != 4 || r.fs.files != c3 {
+		t.Fatalf("%d preparations, files at %s; want 4 (the redo prepares too) and at %s", r.fs.prepared, r.fs.files, c3)
 	}
 }

@@ -115,6 +115,11 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		s.intentSynced = synced
 		defer func() { _ = synced(); s.intentSynced = nil }() // never left running
 	}
+	prepAt := time.Now()
+	prep, pinned := o.prepareFiles(ctx, s, in, pinned)
+	if prep != nil {
+		defer prep.Abort() // a no-op once applied
+	}
 	freezeAt := time.Now()
 	if err := s.freeze(ctx, pinned); err != nil {
 		if record {
@@ -130,7 +135,7 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		s.pending = &in
 		return 0, err
 	}
-	err := o.applyRollback(ctx, s, in, res, &sp)
+	err := o.applyRollback(ctx, s, in, prep, res, &sp)
 	if record && errors.Is(err, errNothingChanged) { // refused before any step: not pending
 		if cerr := s.intents.clear(); cerr == nil {
 			s.pending = nil
@@ -169,10 +174,67 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 	if serr := settle(s, in); serr != nil {
 		return 0, serr
 	}
-	log.L(ctx).Debug("rollback phases", "sandbox", s.id, "checkpoint", in.Target, "intent", freezeAt.Sub(began), "freeze", frozenAt.Sub(freezeAt),
+	log.L(ctx).Debug("rollback phases", "sandbox", s.id, "checkpoint", in.Target, "intent", prepAt.Sub(began),
+		"prepare", freezeAt.Sub(prepAt), "freeze", frozenAt.Sub(freezeAt),
 		"apply", applied.Sub(frozenAt), "thaw", thawed.Sub(applied), "copies", copied.Sub(thawed), "record", time.Since(copied))
 	o.afterRollback(ctx, s, target)
 	return frozen, err
+}
+
+// prepareFiles works the files' rollback out before the freeze (overlay.PrepareRollback: the
+// upper dir's scan and the plan, every content read and checked), so that the frozen window
+// only checks that the sandbox moved nothing it depends on and writes. The open files it plans
+// with are those of the processes pinned (waited for here); the window compares them with its
+// own. It returns nil when the rollback cannot be prepared (the window then works it out, and
+// reports what stops it), and the pinned list for the freeze.
+func (o *Orchestrator) prepareFiles(ctx context.Context, s *session, in rollbackIntent, pinned <-chan *pool.Pinned) (preparedFiles, <-chan *pool.Pinned) {
+	pins := <-pinned
+	again := make(chan *pool.Pinned, 1)
+	again <- pins
+	if s.find(in.Target) < 0 {
+		return nil, again
+	}
+	procs := pins.Pids()
+	if pins == nil { // no list pinned: the freeze's lists with ProcsExcept
+		listed, err := s.frz.ProcsExcept(s.templatePids())
+		if err != nil {
+			return nil, again
+		}
+		procs = pids(listed)
+	}
+	merged, closeRoot, err := s.merged()
+	if err != nil {
+		return nil, again
+	}
+	defer closeRoot() // the prepared rollback holds roots of its own
+	req := s.filesRollback(merged, in, overlay.WritableFiles(procs))
+	prep, err := s.fs.PrepareRollback(ctx, req)
+	if err != nil {
+		log.L(ctx).Debug("rollback not prepared: worked out in the frozen window", "sandbox", s.id, "error", err)
+		return nil, again
+	}
+	return prep, again
+}
+
+// rollbackFiles rolls the files back to in.Target (in the frozen window), worked out now.
+func (s *session) rollbackFiles(ctx context.Context, in rollbackIntent, open overlay.OpenFiles, beforeWrite func() error) (*overlay.RollbackResult, error) {
+	merged, closeRoot, err := s.merged()
+	if err != nil {
+		return nil, err
+	}
+	defer closeRoot()
+	req := s.filesRollback(merged, in, open)
+	req.BeforeWrite = beforeWrite
+	return s.fs.Rollback(ctx, req)
+}
+
+// filesRollback is the request of a rollback's files to in.Target, through the merged root.
+func (s *session) filesRollback(merged string, in rollbackIntent, open overlay.OpenFiles) overlay.RollbackRequest {
+	headMeta, _ := json.Marshal(headRecord{StateSeq: in.stateSeqAfter(), Rollback: in.ID}) // cannot fail
+	return overlay.RollbackRequest{Merged: merged, Upper: s.sb.Layout.Upper, Lower: s.sb.Layout.Lower,
+		Target: in.Target, Open: open, Meta: headMeta,
+		Deferred: true, // written by settle, after the thaw
+	}
 }
 
 // settleAnswered is settle for a rollback about to be answered: the record goes in place
@@ -269,8 +331,9 @@ func pendingError(err error) error {
 // applyRollback does the steps of a recorded rollback: the processes started since the
 // target are stopped, the effects after the common ancestor of head and target dropped
 // (first: they may never be committed), its files and state restored, and the target made
-// the head; no checkpoint is deleted. The sandbox is frozen.
-func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult, sp *applySpans) error {
+// the head; no checkpoint is deleted. The sandbox is frozen. prep, when not nil, is the files'
+// rollback prepared before the freeze.
+func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbackIntent, prep preparedFiles, res *api.RollbackResult, sp *applySpans) error {
 	i := s.find(in.Target)
 	if i < 0 {
 		return fmt.Errorf("checkpoint %s is gone: %w", in.Target, errdefs.ErrDataLoss)
@@ -299,35 +362,28 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	}()
 	t1 := time.Now()
 	var tStop, tStopped time.Time
-	merged, closeRoot, err := s.merged()
-	if err != nil {
-		return err
-	}
-	// Processes and effects go only once the files' rollback is known to be possible (its
-	// contents opened and checked): a damaged target changes nothing (errNothingChanged).
-	headMeta, err := json.Marshal(headRecord{StateSeq: in.stateSeqAfter(), Rollback: in.ID})
-	if err != nil {
-		closeRoot()
-		return err
-	}
 	open := overlay.WritableFiles(pids(procs))
 	tOpen := time.Now()
+	// Processes and effects go only once the files' rollback is known to be possible (its
+	// contents opened and checked): a damaged target changes nothing (errNothingChanged).
 	began := false
-	fsRes, err := s.fs.Rollback(ctx, overlay.RollbackRequest{Merged: merged, Upper: s.sb.Layout.Upper,
-		Lower: s.sb.Layout.Lower, Target: target.ID, Open: open, Meta: headMeta,
-		Deferred: true, // written by settle, after the thaw
-		BeforeWrite: func() error {
-			if s.intentSynced != nil {
-				if err := s.intentSynced(); err != nil {
-					return fmt.Errorf("sync rollback intent: %w (%w)", err, errNothingChanged)
-				}
+	beforeWrite := func() error {
+		if s.intentSynced != nil {
+			if err := s.intentSynced(); err != nil {
+				return fmt.Errorf("sync rollback intent: %w (%w)", err, errNothingChanged)
 			}
-			began = true
-			tStop = time.Now()
-			defer func() { tStopped = time.Now() }()
-			return o.stopNewer(ctx, s, in, target, procs, res)
-		}})
-	closeRoot()
+		}
+		began = true
+		tStop = time.Now()
+		defer func() { tStopped = time.Now() }()
+		return o.stopNewer(ctx, s, in, target, procs, res)
+	}
+	var fsRes *overlay.RollbackResult
+	if prep != nil {
+		fsRes, err = prep.Rollback(ctx, open, beforeWrite)
+	} else {
+		fsRes, err = s.rollbackFiles(ctx, in, open, beforeWrite)
+	}
 	t2 := time.Now()
 	var damage *overlay.DamageError
 	if !began && errors.As(err, &damage) {

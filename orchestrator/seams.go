@@ -35,9 +35,10 @@ type fileStore interface {
 	HeadMeta() []byte
 	Prepare(ctx context.Context, req overlay.CaptureRequest) (pendingFiles, error)
 	Rollback(ctx context.Context, req overlay.RollbackRequest) (*overlay.RollbackResult, error)
-	PersistRollback() error // makes a Deferred rollback's record durable
-	WriteRollback() error   // puts a Deferred rollback's record in place, without syncing it
-	SyncRollback() error    // makes the record on disk durable (at start)
+	PrepareRollback(ctx context.Context, req overlay.RollbackRequest) (preparedFiles, error) // worked out before the freeze
+	PersistRollback() error                                                                  // makes a Deferred rollback's record durable
+	WriteRollback() error                                                                    // puts a Deferred rollback's record in place, without syncing it
+	SyncRollback() error                                                                     // makes the record on disk durable (at start)
 	Delete(ctx context.Context, id string, merge ...overlay.MetaMerge) error
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error
@@ -57,11 +58,26 @@ type pendingFiles interface {
 	Abort()
 }
 
+// preparedFiles is a files' rollback worked out before the freeze, applied in the window (its
+// plan checked first, and worked out again if the sandbox moved it) or aborted.
+type preparedFiles interface {
+	Rollback(ctx context.Context, open overlay.OpenFiles, beforeWrite func() error) (*overlay.RollbackResult, error)
+	Abort()
+}
+
 // overlayFiles is the daemon's fileStore.
 type overlayFiles struct{ *overlay.Store }
 
 func (f overlayFiles) Prepare(ctx context.Context, req overlay.CaptureRequest) (pendingFiles, error) {
 	p, err := f.Store.Prepare(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (f overlayFiles) PrepareRollback(ctx context.Context, req overlay.RollbackRequest) (preparedFiles, error) {
+	p, err := f.Store.PrepareRollback(ctx, req)
 	if err != nil {
 		return nil, err
 	}

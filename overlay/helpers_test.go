@@ -29,7 +29,24 @@ type fixture struct {
 func newFixture(t testing.TB, fillLower func(dir string), opts ...Option) *fixture {
 	t.Helper()
 	testutil.RequiresRoot(t)
+	return newFixtureIn(t, t.TempDir(), fillLower, opts...)
+}
+
+// newTmpfsFixture is newFixture on a tmpfs of its own: a filesystem that nothing but the test
+// writes to (the change tracker reports every write of the filesystem it watches).
+func newTmpfsFixture(t testing.TB, fillLower func(dir string), opts ...Option) *fixture {
+	t.Helper()
+	testutil.RequiresRoot(t)
 	base := t.TempDir()
+	if err := unix.Mount("tmpfs", base, "tmpfs", 0, "size=64m"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(base, unix.MNT_DETACH) })
+	return newFixtureIn(t, base, fillLower, opts...)
+}
+
+func newFixtureIn(t testing.TB, base string, fillLower func(dir string), opts ...Option) *fixture {
+	t.Helper()
 	f := &fixture{
 		lower: filepath.Join(base, "lower"), upper: filepath.Join(base, "upper"),
 		merged: filepath.Join(base, "merged"), storeDir: filepath.Join(base, "store"),

@@ -59,64 +59,102 @@ func (s *Store) Rollback(ctx context.Context, req RollbackRequest) (*RollbackRes
 type rollbackPhases struct{ scanned, planned, writing, written time.Time }
 
 func (s *Store) rollback(ctx context.Context, req RollbackRequest, ph *rollbackPhases) (*RollbackResult, error) {
-	pos, err := s.lookup(req.Target)
-	if err != nil {
-		return nil, err
-	}
 	fds, err := openRollbackRoots(req)
 	if err != nil {
 		return nil, err
 	}
 	defer fds.close()
-	res, err := s.scanOpen(ctx, fds.upper, req.Upper, false, req.Open)
+	w, err := s.workOut(ctx, req, fds, ph)
 	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	return s.applyWorked(w, req.Meta, req.Deferred, req.BeforeWrite, ph)
+}
+
+// worked is a rollback worked out against the upper dir as one scan found it: its plan, with
+// the scan and the target's view that the writes and the reindex need. Its roots are the
+// caller's.
+type worked struct {
+	pos    int
+	fds    rollbackRoots
+	res    *scanResult
+	target map[string]*Entry
+	v      *view
+	pl     *plan
+}
+
+// close closes what the worked rollback holds open but its roots.
+func (w *worked) close() {
+	if w.pl != nil {
+		w.pl.close()
+	}
+	if w.v != nil {
+		w.v.close()
+	}
+	if w.res != nil {
+		w.res.closeDirs() // those not handed to the plan
+	}
+}
+
+// workOut scans the upper dir and plans the rollback to req.Target: everything up to the
+// first write, every content needed read or opened and checked.
+func (s *Store) workOut(ctx context.Context, req RollbackRequest, fds rollbackRoots, ph *rollbackPhases) (*worked, error) {
+	pos, err := s.lookup(req.Target)
+	if err != nil {
+		return nil, err
+	}
+	w := &worked{pos: pos, fds: fds}
+	if w.res, err = s.scanOpen(ctx, fds.upper, req.Upper, false, req.Open); err != nil {
 		return nil, fmt.Errorf("scan upper dir: %w", err)
 	}
-	defer res.closeDirs() // those not handed to the plan
 	ph.scanned = time.Now()
-	target := s.state
+	w.target = s.state
 	if pos != s.headPos() {
-		target = s.foldState(pos)
+		w.target = s.foldState(pos)
 	}
-	v, err := newView(target, req.Lower)
-	if err != nil {
+	if w.v, err = newView(w.target, req.Lower); err != nil {
+		w.close()
 		return nil, err
 	}
-	defer v.close()
-	v.ids = s.opts.ids
-	upperDirs := res.upperDirs // the scan's, for the plan and the reindex: the plan closes them
-	res.upperDirs = nil
-	pl, err := s.plan(v, fds, s.changedBetween(pos, target, res), upperDirs)
-	if err != nil {
+	w.v.ids = s.opts.ids
+	upperDirs := w.res.upperDirs // the scan's, for the plan and the reindex: the plan closes them
+	w.res.upperDirs = nil
+	if w.pl, err = s.plan(w.v, fds, s.changedBetween(pos, w.target, w.res), upperDirs); err != nil {
+		w.close()
 		return nil, err
 	}
-	defer pl.close()
 	ph.planned = time.Now()
-	if req.BeforeWrite != nil {
-		if err := req.BeforeWrite(); err != nil {
+	return w, nil
+}
+
+// applyWorked writes a worked-out rollback through the merged mount and makes its target the
+// head (see Rollback).
+func (s *Store) applyWorked(w *worked, meta []byte, deferred bool, beforeWrite func() error, ph *rollbackPhases) (*RollbackResult, error) {
+	if beforeWrite != nil {
+		if err := beforeWrite(); err != nil {
 			return nil, err
 		}
 	}
 	ph.writing = time.Now()
-	if err := pl.apply(fds.merged); err != nil {
+	if err := w.pl.apply(w.fds.merged); err != nil {
 		return nil, err
 	}
-	root := s.foldRoot(pos)
-	if err := restoreRoot(fds, root); err != nil {
+	if err := restoreRoot(w.fds, s.foldRoot(w.pos)); err != nil {
 		return nil, err
 	}
 	ph.written = time.Now()
-	if err := s.finishRollback(pos, fds.upper, res, pl, target, req.Meta, req.Deferred); err != nil {
+	if err := s.finishRollback(w.pos, w.fds.upper, w.res, w.pl, w.target, meta, deferred); err != nil {
 		return nil, err
 	}
 	if s.trk != nil { // the next capture checks the rewritten paths again, events or not
-		touched := make([]string, 0, len(pl.touched))
-		for p := range pl.touched {
+		touched := make([]string, 0, len(w.pl.touched))
+		for p := range w.pl.touched {
 			touched = append(touched, p)
 		}
 		s.trk.touch(touched)
 	}
-	return &RollbackResult{FilesRestored: len(pl.done), Paths: pl.done}, nil
+	return &RollbackResult{FilesRestored: len(w.pl.done), Paths: w.pl.done}, nil
 }
 
 // restoreRoot gives the merged tree's root its metadata of the target (last: restoring the

@@ -554,6 +554,31 @@ func (t *tracker) snapshot() (dirty []string, inodes []*inodeRec, tok scanToken,
 	return dirty, inodes, tok, true
 }
 
+// quietSince drains pending events and reports whether the tracker saw nothing since the
+// scan of tok (snapshot): it still vouches as it did then (no reset, no overflow), and no
+// event since named a path it follows or an inode of its filesystem. The caller has frozen
+// the sandbox, so every write the sandbox completed is queued by now.
+func (t *tracker) quietSince(tok scanToken) bool {
+	w := t.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.drain()
+	if t.failed || t.epoch != tok.epoch {
+		return false
+	}
+	for _, seq := range t.dirty {
+		if seq > tok.seq {
+			return false
+		}
+	}
+	for _, rec := range w.inodes {
+		if rec.fsid == t.fsid && rec.seq > tok.seq {
+			return false
+		}
+	}
+	return true
+}
+
 // Handle types whose layout the kernel fixes for every filesystem using them (exportfs.h):
 // the inode number comes first.
 const (

@@ -134,20 +134,27 @@ type RollbackRequest struct {
 type RollbackResult struct {
 	FilesRestored int      `json:"files_restored"`
 	Paths         []string `json:"paths"`
+	// Prepared says that a PreparedRollback's plan was applied as prepared (its check found
+	// nothing moved since), not worked out again in the window.
+	Prepared bool `json:"-"`
 	// Phases are the rollback's spans. A Deferred rollback (one in a frozen window) leaves
 	// its debug line to the caller, to write once the sandbox runs again.
 	Phases RollbackPhases `json:"-"`
 }
 
-// RollbackPhases are how long a rollback's phases took (the debug log's spans).
+// RollbackPhases are how long a rollback's phases took (the debug log's spans). For a
+// PreparedRollback, Total is the time of its Rollback call (the frozen window's part); Check
+// is the check that the prepared plan still holds, and Scan and Plan are the preparation's
+// when the plan held (Prepared), else the window's.
 type RollbackPhases struct {
-	Total, Scan, Plan, BeforeWrite, Write, Index time.Duration
+	Total, Check, Scan, Plan, BeforeWrite, Write, Index time.Duration
+	Prepared                                            bool
 }
 
 // LogArgs returns the phases as a log line's key-value pairs.
 func (p RollbackPhases) LogArgs() []any {
-	return []any{"duration", p.Total, "scan", p.Scan, "plan", p.Plan, "before_write", p.BeforeWrite,
-		"write", p.Write, "index", p.Index}
+	return []any{"duration", p.Total, "prepared", p.Prepared, "check", p.Check, "scan", p.Scan, "plan", p.Plan,
+		"before_write", p.BeforeWrite, "write", p.Write, "index", p.Index}
 }
 
 // Change says how a path differs between two states.

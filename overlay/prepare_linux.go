@@ -1,0 +1,172 @@
+//go:build linux
+
+package overlay
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// PreparedRollback is a rollback worked out while the sandbox may still run (PrepareRollback):
+// the upper dir scanned and the plan made, every content it needs read or opened and checked,
+// so that the frozen window only checks that nothing moved since and writes. Until Rollback
+// or Abort, the store is held: its other operations wait.
+type PreparedRollback struct {
+	s     *Store
+	req   RollbackRequest
+	fds   rollbackRoots
+	w     *worked
+	keys  map[string]Key // the writable open files' upper-dir stat keys when prepared
+	ph    rollbackPhases
+	start time.Time
+}
+
+// PrepareRollback works out the rollback req asks for (its BeforeWrite is not used: Rollback
+// takes one) without writing anything, while the sandbox may still run. The caller then
+// freezes the sandbox and calls Rollback, which applies the plan if the sandbox changed
+// nothing it depends on meanwhile, and works the rollback out again in the window if it did.
+// A failure here has changed nothing and holds nothing: the caller rolls back as usual.
+func (s *Store) PrepareRollback(ctx context.Context, req RollbackRequest) (*PreparedRollback, error) {
+	p := &PreparedRollback{s: s, req: req, start: time.Now()}
+	s.mu.Lock()
+	fds, err := openRollbackRoots(req)
+	if err == nil {
+		p.fds = fds
+		p.w, err = s.workOut(ctx, req, fds, &p.ph)
+		if err != nil {
+			fds.close()
+		}
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("prepare rollback to %s: %w", req.Target, err)
+	}
+	p.keys = openKeys(fds.upper, req.Open.Writable)
+	return p, nil
+}
+
+// Rollback applies the prepared rollback and releases the store (Store.Rollback, in the
+// caller's frozen window). open are the sandbox's open files now. The plan is applied as it
+// was prepared when it still holds (current): the change tracker saw nothing in the upper dir
+// since its scan, and the open files are the same, the writable ones with the same stat.
+// Else the rollback is worked out again first, from a new scan. beforeWrite is as
+// RollbackRequest.BeforeWrite.
+func (p *PreparedRollback) Rollback(ctx context.Context, open OpenFiles, beforeWrite func() error) (*RollbackResult, error) {
+	s := p.s
+	if s == nil {
+		return nil, fmt.Errorf("rollback to %s: already applied or aborted: %w", p.req.Target, errdefs.ErrFailedPrecondition)
+	}
+	p.s = nil
+	start := time.Now()
+	defer s.mu.Unlock()
+	defer s.prepareTemp()
+	defer p.fds.close()
+	defer func() { p.w.close() }()
+	ph := p.ph
+	checked := p.current(open)
+	if !checked {
+		p.w.close()
+		p.req.Open = open
+		ph = rollbackPhases{}
+		w, err := s.workOut(ctx, p.req, p.fds, &ph)
+		if err != nil {
+			p.w = &worked{}
+			return nil, fmt.Errorf("rollback to %s: %w", p.req.Target, err)
+		}
+		p.w = w
+	}
+	inWindow := time.Now()
+	res, err := s.applyWorked(p.w, p.req.Meta, p.req.Deferred, beforeWrite, &ph)
+	if err != nil {
+		return nil, fmt.Errorf("rollback to %s: %w", p.req.Target, err)
+	}
+	end := time.Now()
+	res.Prepared = checked
+	res.Phases = RollbackPhases{Total: end.Sub(start), Index: end.Sub(ph.written), Prepared: checked,
+		BeforeWrite: ph.writing.Sub(ph.planned), Write: ph.written.Sub(ph.writing)}
+	if checked { // scanned and planned before: the window only checked
+		res.Phases.Scan, res.Phases.Plan, res.Phases.Check = ph.scanned.Sub(p.start), ph.planned.Sub(ph.scanned), inWindow.Sub(start)
+		res.Phases.BeforeWrite = ph.writing.Sub(inWindow)
+	} else {
+		res.Phases.Check, res.Phases.Scan, res.Phases.Plan = inWindow.Sub(start), ph.scanned.Sub(start), ph.planned.Sub(ph.scanned)
+	}
+	return res, nil
+}
+
+// Abort drops the prepared rollback and releases the store. It is a no-op after Rollback.
+func (p *PreparedRollback) Abort() {
+	s := p.s
+	if s == nil {
+		return
+	}
+	p.s = nil
+	p.w.close()
+	p.fds.close()
+	s.mu.Unlock()
+}
+
+// current reports whether the prepared plan still holds: the change tracker vouched for the
+// scan and has seen no change in the upper dir since (the caller has frozen the sandbox, so
+// every write it made is reported by now), and the files the sandbox's processes hold open
+// for writing or mapped shared are the same as when it was prepared, those open for writing
+// with the same stat (a write through a mapping made and removed meanwhile raises no event).
+// Files mapped shared and writable were planned as changed, so they are rewritten whatever
+// they hold now.
+func (p *PreparedRollback) current(open OpenFiles) bool {
+	trk := p.w.res.trk
+	if trk == nil || !sameFiles(p.req.Open.Writable, open.Writable) || !sameFiles(p.req.Open.Mapped, open.Mapped) {
+		return false
+	}
+	if !trk.quietSince(p.w.res.tok) {
+		return false
+	}
+	keys := openKeys(p.fds.upper, open.Writable)
+	return keys != nil && p.keys != nil && maps.Equal(keys, p.keys)
+}
+
+// sameFiles reports whether two lists name the same files, in any order.
+func sameFiles(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+// openKeys returns the upper-dir stat keys of open files (paths as the sandbox sees them),
+// leaving out those not in the upper dir; nil if one cannot be read.
+func openKeys(upperfd int, files []string) map[string]Key {
+	keys := map[string]Key{}
+	for _, f := range files {
+		rel, err := cleanRel(strings.TrimPrefix(f, "/"))
+		if err != nil {
+			continue // not a path of the tree (the scan leaves it out too)
+		}
+		pfd, name, err := openParent(upperfd, rel)
+		if isNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return nil
+		}
+		var st unix.Stat_t
+		err = unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		unix.Close(pfd)
+		switch {
+		case err == nil:
+			keys[rel] = keyOf(&st)
+		case !isNotExist(err):
+			return nil
+		}
+	}
+	return keys
+}

@@ -1,0 +1,154 @@
+//go:build linux
+
+package overlay
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// prepare prepares a rollback of f to id with the open files open.
+func (f *fixture) prepare(t *testing.T, id string, open OpenFiles) *PreparedRollback {
+	t.Helper()
+	p, err := f.s.PrepareRollback(context.Background(), RollbackRequest{Merged: f.merged, Upper: f.upper,
+		Lower: []string{f.lower}, Target: id, Open: open})
+	if err != nil {
+		t.Fatalf("prepare rollback to %s: %v", id, err)
+	}
+	return p
+}
+
+// TestPreparedRollbackAppliesThePlan: with nothing changed between the preparation and the
+// rollback, the plan made before is applied as it is (no scan in the window) and the tree is
+// the target's, every change kind undone; the store works on after it.
+func TestPreparedRollbackAppliesThePlan(t *testing.T) {
+	f := newTmpfsFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	base := walkTree(t, f.merged)
+	applyEveryChangeKind(t, f)
+	f.capture(t, "c1", L1)
+	putFile(t, f.m("data/a.txt"), "uncaptured")
+	putFile(t, f.m("more/new.txt"), "uncaptured")
+
+	p := f.prepare(t, "c0", OpenFiles{})
+	res, err := p.Rollback(context.Background(), OpenFiles{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Prepared {
+		t.Fatalf("nothing changed since the preparation, yet the rollback was worked out again: %+v", res.Phases)
+	}
+	assertTree(t, base, walkTree(t, f.merged), true)
+	if f.s.Head() != "c0" {
+		t.Fatalf("head %s, want c0", f.s.Head())
+	}
+	putFile(t, f.m("keep/k.txt"), "after")
+	if got := f.capture(t, "c2", L1); !contains(got.Paths, "keep/k.txt") {
+		t.Fatalf("capture after a prepared rollback missed keep/k.txt: %v", got.Paths)
+	}
+}
+
+// TestPreparedRollbackSeesLaterChanges: whatever the sandbox changes between the preparation
+// and its freeze, the rollback is worked out again in the window and undoes it too.
+func TestPreparedRollbackSeesLaterChanges(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, f *fixture)
+	}{
+		{"a file the plan rewrites", func(t *testing.T, f *fixture) { putFile(t, f.m("data/a.txt"), "again") }},
+		{"a file unchanged since the target", func(t *testing.T, f *fixture) { putFile(t, f.m("keep/k.txt"), "later") }},
+		{"a new directory", func(t *testing.T, f *fixture) { putFile(t, f.m("late/dir/x"), "x") }},
+		{"a removed lower file", func(t *testing.T, f *fixture) { must(t, os.Remove(f.m("data/sub/c.txt"))) }},
+		{"a mode", func(t *testing.T, f *fixture) { must(t, os.Chmod(f.m("etc/hosts"), 0o600)) }},
+		{"a renamed directory", func(t *testing.T, f *fixture) { must(t, os.Rename(f.m("more"), f.m("moved"))) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newTmpfsFixture(t, standardLower)
+			f.capture(t, "c0", L1)
+			base := walkTree(t, f.merged)
+			putFile(t, f.m("data/a.txt"), "changed")
+			putFile(t, f.m("more/new.txt"), "new")
+
+			p := f.prepare(t, "c0", OpenFiles{})
+			tc.change(t, f)
+			res, err := p.Rollback(context.Background(), OpenFiles{}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertTree(t, base, walkTree(t, f.merged), true)
+			if res.Prepared {
+				t.Fatal("the sandbox changed the tree after the preparation, yet the prepared plan was applied")
+			}
+		})
+	}
+}
+
+// TestPreparedRollbackOpenFiles: the open files are part of what the plan depends on. A file
+// written through a shared mapping made and removed after the preparation (its descriptor
+// still open) raises no event; its stat moved, so the rollback is worked out again and
+// restores it. Other open files in the window than at the preparation do the same.
+func TestPreparedRollbackOpenFiles(t *testing.T) {
+	f := newTmpfsFixture(t, standardLower)
+	putFile(t, f.m("data/m.bin"), "original content")
+	f.capture(t, "c0", L1)
+	base := walkTree(t, f.merged)
+	putFile(t, f.m("data/a.txt"), "changed")
+
+	fd, err := unix.Open(f.m("data/m.bin"), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	must(t, err)
+	defer unix.Close(fd)
+	must(t, unix.Fsync(fd)) // its pages clean: the first write through a mapping moves the mtime
+	open := OpenFiles{Writable: []string{"/data/m.bin"}}
+	p := f.prepare(t, "c0", open)
+	mem, err := unix.Mmap(fd, 0, 8, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	must(t, err)
+	copy(mem, "MAPPED!!")
+	must(t, unix.Munmap(mem))
+	res, err := p.Rollback(context.Background(), open, nil)
+	must(t, err)
+	assertTree(t, base, walkTree(t, f.merged), true)
+	if res.Prepared {
+		t.Fatal("a file open for writing was written through a mapping after the preparation, yet the prepared plan was applied")
+	}
+
+	putFile(t, f.m("data/a.txt"), "changed")
+	p = f.prepare(t, "c0", OpenFiles{})
+	res, err = p.Rollback(context.Background(), OpenFiles{Mapped: []string{"/data/m.bin"}}, nil)
+	must(t, err)
+	if res.Prepared {
+		t.Fatal("a file mapped shared in the window but not at the preparation, yet the prepared plan was applied")
+	}
+	assertTree(t, base, walkTree(t, f.merged), true)
+}
+
+// TestPreparedRollbackAbort: an aborted preparation changes nothing and releases the store;
+// a prepared rollback applies once. beforeWrite's error stops it with nothing written.
+func TestPreparedRollbackAbort(t *testing.T) {
+	f := newTmpfsFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	base := walkTree(t, f.merged)
+	putFile(t, f.m("data/a.txt"), "changed")
+	changed := walkTree(t, f.merged)
+
+	p := f.prepare(t, "c0", OpenFiles{})
+	p.Abort()
+	p.Abort()
+	assertTree(t, changed, walkTree(t, f.merged), true)
+	if _, err := p.Rollback(context.Background(), OpenFiles{}, nil); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("rollback of an aborted preparation: %v, want failed precondition", err)
+	}
+
+	stop := errors.New("stop")
+	p = f.prepare(t, "c0", OpenFiles{})
+	if _, err := p.Rollback(context.Background(), OpenFiles{}, func() error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("rollback whose beforeWrite failed: %v", err)
+	}
+	assertTree(t, changed, walkTree(t, f.merged), true)
+	f.rollback(t, "c0") // the store was released
+	assertTree(t, base, walkTree(t, f.merged), true)
+}
