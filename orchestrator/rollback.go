@@ -95,7 +95,7 @@ func (s *session) rollbackTarget(req api.RollbackRequest) (rollbackIntent, error
 // Every step after it is idempotent, so that a redo can run them again.
 func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, res *api.RollbackResult, record bool) (time.Duration, error) {
 	began := time.Now()
-	pinned := s.pin() // beside the intent's write and the freeze
+	pinned := s.pin() // beside the intent's write, the files' preparation and the freeze
 	if record {
 		// Written before the freeze (the session lock keeps the state and checkpoints
 		// still, and whatever the sandbox does until the freeze is after the target, undone
@@ -116,9 +116,14 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		defer func() { _ = synced(); s.intentSynced = nil }() // never left running
 	}
 	prepAt := time.Now()
-	prep, pinned := o.prepareFiles(ctx, s, in, pinned)
+	prep := o.prepareFiles(ctx, s, in)
 	if prep != nil {
 		defer prep.Abort() // a no-op once applied
+		if s.intentSynced != nil {
+			// Prepared, the window's first write comes within microseconds of the freeze:
+			// the sandbox runs on while the intent's sync ends (a failure is reported there).
+			_ = s.intentSynced()
+		}
 	}
 	freezeAt := time.Now()
 	if err := s.freeze(ctx, pinned); err != nil {
@@ -182,38 +187,26 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 }
 
 // prepareFiles works the files' rollback out before the freeze (overlay.PrepareRollback: the
-// upper dir's scan and the plan, every content read and checked), so that the frozen window
-// only checks that the sandbox moved nothing it depends on and writes. The open files it plans
-// with are those of the processes pinned (waited for here); the window compares them with its
-// own. It returns nil when the rollback cannot be prepared (the window then works it out, and
-// reports what stops it), and the pinned list for the freeze.
-func (o *Orchestrator) prepareFiles(ctx context.Context, s *session, in rollbackIntent, pinned <-chan *pool.Pinned) (preparedFiles, <-chan *pool.Pinned) {
-	pins := <-pinned
-	again := make(chan *pool.Pinned, 1)
-	again <- pins
+// upper dir's scan and the plan, every content read and checked), while the processes are
+// pinned, so that the frozen window only checks that the sandbox moved nothing the plan
+// depends on (its open files included, which the window lists as before) and writes. It
+// returns nil when the rollback cannot be prepared: the window then works it out, and
+// reports what stops it.
+func (o *Orchestrator) prepareFiles(ctx context.Context, s *session, in rollbackIntent) preparedFiles {
 	if s.find(in.Target) < 0 {
-		return nil, again
-	}
-	procs := pins.Pids()
-	if pins == nil { // no list pinned: the freeze's lists with ProcsExcept
-		listed, err := s.frz.ProcsExcept(s.templatePids())
-		if err != nil {
-			return nil, again
-		}
-		procs = pids(listed)
+		return nil
 	}
 	merged, closeRoot, err := s.merged()
 	if err != nil {
-		return nil, again
+		return nil
 	}
 	defer closeRoot() // the prepared rollback holds roots of its own
-	req := s.filesRollback(merged, in, overlay.WritableFiles(procs))
-	prep, err := s.fs.PrepareRollback(ctx, req)
+	prep, err := s.fs.PrepareRollback(ctx, s.filesRollback(merged, in, overlay.OpenFiles{}))
 	if err != nil {
 		log.L(ctx).Debug("rollback not prepared: worked out in the frozen window", "sandbox", s.id, "error", err)
-		return nil, again
+		return nil
 	}
-	return prep, again
+	return prep
 }
 
 // rollbackFiles rolls the files back to in.Target (in the frozen window), worked out now.

@@ -5,8 +5,7 @@ package overlay
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
+		"slices"
 	"strings"
 	"time"
 
@@ -23,7 +22,6 @@ type PreparedRollback struct {
 	req   RollbackRequest
 	fds   rollbackRoots
 	w     *worked
-	keys  map[string]Key // the writable open files' upper-dir stat keys when prepared
 	ph    rollbackPhases
 	start time.Time
 }
@@ -48,7 +46,6 @@ func (s *Store) PrepareRollback(ctx context.Context, req RollbackRequest) (*Prep
 		s.mu.Unlock()
 		return nil, fmt.Errorf("prepare rollback to %s: %w", req.Target, err)
 	}
-	p.keys = openKeys(fds.upper, req.Open.Writable)
 	return p, nil
 }
 
@@ -70,7 +67,7 @@ func (p *PreparedRollback) Rollback(ctx context.Context, open OpenFiles, beforeW
 	defer p.fds.close()
 	defer func() { p.w.close() }()
 	ph := p.ph
-	checked := p.current(open)
+	checked := p.current(s, open)
 	if !checked {
 		p.w.close()
 		p.req.Open = open
@@ -114,59 +111,72 @@ func (p *PreparedRollback) Abort() {
 
 // current reports whether the prepared plan still holds: the change tracker vouched for the
 // scan and has seen no change in the upper dir since (the caller has frozen the sandbox, so
-// every write it made is reported by now), and the files the sandbox's processes hold open
-// for writing or mapped shared are the same as when it was prepared, those open for writing
-// with the same stat (a write through a mapping made and removed meanwhile raises no event).
-// Files mapped shared and writable were planned as changed, so they are rewritten whatever
-// they hold now.
-func (p *PreparedRollback) current(open OpenFiles) bool {
+// every write it made is reported by now), files mapped shared and writable now were planned
+// as changed (mapped when prepared: a write through a mapping raises no event), and every
+// file held open for writing or mapped now is as the scan saw it (sawOpen: a write through a
+// mapping made and removed since raises no event either, but moves the file's mtime).
+func (p *PreparedRollback) current(s *Store, open OpenFiles) bool {
 	trk := p.w.res.trk
-	if trk == nil || !sameFiles(p.req.Open.Writable, open.Writable) || !sameFiles(p.req.Open.Mapped, open.Mapped) {
+	if trk == nil || !trk.quietSince(p.w.res.tok) {
 		return false
 	}
-	if !trk.quietSince(p.w.res.tok) {
-		return false
+	for _, m := range open.Mapped {
+		if !slices.Contains(p.req.Open.Mapped, m) {
+			return false
+		}
 	}
-	keys := openKeys(p.fds.upper, open.Writable)
-	return keys != nil && p.keys != nil && maps.Equal(keys, p.keys)
+	return p.sawOpen(s, open.all())
 }
 
-// sameFiles reports whether two lists name the same files, in any order.
-func sameFiles(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
+// sawOpen reports whether the prepared scan saw each of files (paths as the sandbox sees
+// them) as the upper dir holds it now: absent then and now, or with the same stat, as the
+// scan found it changed or, when it did not list it, as the index has it.
+func (p *PreparedRollback) sawOpen(s *Store, files []string) bool {
+	if len(files) == 0 {
+		return true
 	}
-	a, b = slices.Clone(a), slices.Clone(b)
-	slices.Sort(a)
-	slices.Sort(b)
-	return slices.Equal(a, b)
-}
-
-// openKeys returns the upper-dir stat keys of open files (paths as the sandbox sees them),
-// leaving out those not in the upper dir; nil if one cannot be read.
-func openKeys(upperfd int, files []string) map[string]Key {
-	keys := map[string]Key{}
+	seen := map[string]*Key{}
+	for _, c := range p.w.res.changed {
+		k := keyOf(&c.st)
+		seen[c.entry.Path] = &k
+	}
+	for _, g := range p.w.res.gone {
+		seen[g] = nil
+	}
 	for _, f := range files {
 		rel, err := cleanRel(strings.TrimPrefix(f, "/"))
 		if err != nil {
 			continue // not a path of the tree (the scan leaves it out too)
 		}
-		pfd, name, err := openParent(upperfd, rel)
-		if isNotExist(err) {
-			continue
+		want, listed := seen[rel]
+		if ie := s.idx.keys[rel]; !listed && ie != nil {
+			want = &ie.key
 		}
-		if err != nil {
-			return nil
-		}
-		var st unix.Stat_t
-		err = unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
-		unix.Close(pfd)
-		switch {
-		case err == nil:
-			keys[rel] = keyOf(&st)
-		case !isNotExist(err):
-			return nil
+		have, err := upperKey(p.fds.upper, rel)
+		if err != nil || (have == nil) != (want == nil) || (have != nil && *have != *want) {
+			return false
 		}
 	}
-	return keys
+	return true
+}
+
+// upperKey returns the stat key of rel in the upper dir (nil when it is not there).
+func upperKey(upperfd int, rel string) (*Key, error) {
+	pfd, name, err := openParent(upperfd, rel)
+	if isNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if isNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	k := keyOf(&st)
+	return &k, nil
 }

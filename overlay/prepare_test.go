@@ -91,39 +91,49 @@ func TestPreparedRollbackSeesLaterChanges(t *testing.T) {
 // TestPreparedRollbackOpenFiles: the open files are part of what the plan depends on. A file
 // written through a shared mapping made and removed after the preparation (its descriptor
 // still open) raises no event; its stat moved, so the rollback is worked out again and
-// restores it. Other open files in the window than at the preparation do the same.
+// restores it, whether the preparation knew the file open or not. A file mapped shared in the
+// window that the preparation did not plan as mapped does the same.
 func TestPreparedRollbackOpenFiles(t *testing.T) {
-	f := newTmpfsFixture(t, standardLower)
-	putFile(t, f.m("data/m.bin"), "original content")
-	f.capture(t, "c0", L1)
-	base := walkTree(t, f.merged)
-	putFile(t, f.m("data/a.txt"), "changed")
-
-	fd, err := unix.Open(f.m("data/m.bin"), unix.O_RDWR|unix.O_CLOEXEC, 0)
-	must(t, err)
-	defer unix.Close(fd)
-	must(t, unix.Fsync(fd)) // its pages clean: the first write through a mapping moves the mtime
 	open := OpenFiles{Writable: []string{"/data/m.bin"}}
-	p := f.prepare(t, "c0", open)
-	mem, err := unix.Mmap(fd, 0, 8, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	must(t, err)
-	copy(mem, "MAPPED!!")
-	must(t, unix.Munmap(mem))
-	res, err := p.Rollback(context.Background(), open, nil)
-	must(t, err)
-	assertTree(t, base, walkTree(t, f.merged), true)
-	if res.Prepared {
-		t.Fatal("a file open for writing was written through a mapping after the preparation, yet the prepared plan was applied")
-	}
+	for _, prepared := range []OpenFiles{open, {}} {
+		f := newTmpfsFixture(t, standardLower)
+		putFile(t, f.m("data/m.bin"), "original content")
+		f.capture(t, "c0", L1)
+		base := walkTree(t, f.merged)
+		putFile(t, f.m("data/a.txt"), "changed")
 
-	putFile(t, f.m("data/a.txt"), "changed")
-	p = f.prepare(t, "c0", OpenFiles{})
-	res, err = p.Rollback(context.Background(), OpenFiles{Mapped: []string{"/data/m.bin"}}, nil)
-	must(t, err)
-	if res.Prepared {
-		t.Fatal("a file mapped shared in the window but not at the preparation, yet the prepared plan was applied")
+		fd, err := unix.Open(f.m("data/m.bin"), unix.O_RDWR|unix.O_CLOEXEC, 0)
+		must(t, err)
+		must(t, unix.Fsync(fd)) // its pages clean: the first write through a mapping moves the mtime
+		p := f.prepare(t, "c0", prepared)
+		mem, err := unix.Mmap(fd, 0, 8, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		must(t, err)
+		copy(mem, "MAPPED!!")
+		must(t, unix.Munmap(mem))
+		res, err := p.Rollback(context.Background(), open, nil)
+		must(t, err)
+		unix.Close(fd)
+		assertTree(t, base, walkTree(t, f.merged), true)
+		if res.Prepared {
+			t.Fatalf("a file open for writing was written through a mapping after the preparation (prepared with %+v), yet the prepared plan was applied", prepared)
+		}
+
+		putFile(t, f.m("data/a.txt"), "changed")
+		p = f.prepare(t, "c0", OpenFiles{})
+		res, err = p.Rollback(context.Background(), OpenFiles{Mapped: []string{"/data/m.bin"}}, nil)
+		must(t, err)
+		if res.Prepared {
+			t.Fatal("a file mapped shared in the window but not at the preparation, yet the prepared plan was applied")
+		}
+		assertTree(t, base, walkTree(t, f.merged), true)
+
+		putFile(t, f.m("data/a.txt"), "changed")
+		p = f.prepare(t, "c0", OpenFiles{})
+		if res, err = p.Rollback(context.Background(), open, nil); err != nil || !res.Prepared {
+			t.Fatalf("a file open for writing and unchanged since the preparation: prepared %v, %v; want the plan applied", res != nil && res.Prepared, err)
+		}
+		assertTree(t, base, walkTree(t, f.merged), true)
 	}
-	assertTree(t, base, walkTree(t, f.merged), true)
 }
 
 // TestPreparedRollbackAbort: an aborted preparation changes nothing and releases the store;
