@@ -5,7 +5,7 @@ package overlay
 import (
 	"context"
 	"fmt"
-		"slices"
+	"slices"
 	"strings"
 	"time"
 

@@ -356,19 +356,6 @@ func (p *Pinned) Kill(pids []int) int {
 	return n
 }
 
-// Pids returns the pids pinned so far (nil for a nil list).
-func (p *Pinned) Pids() []int {
-	if p == nil {
-		return nil
-	}
-	out := make([]int, 0, len(p.procs))
-	for pid := range p.procs {
-		out = append(out, pid)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // Close closes the pidfds.
 func (p *Pinned) Close() {
 	if p == nil {
