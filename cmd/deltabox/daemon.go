@@ -120,6 +120,13 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	if err != nil {
 		return err
 	}
+	if cfg.Checkpoints.FavorDynMods {
+		if changed, err := pool.FavorDynMods(); err != nil {
+			log.L(ctx).Warn("cgroup2 favordynmods: not set (cgroup moves may wait for RCU grace periods)", "error", err)
+		} else if len(changed) > 0 {
+			log.L(ctx).Info("cgroup2 reconfigured with favordynmods", "mounts", changed)
+		}
+	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	o, err := orchestrator.New(ctx, orchestrator.Options{

@@ -215,6 +215,10 @@ type Checkpoints struct {
 	StepOutputBytes int  `toml:"step_output_bytes"`
 	L2Every         int  `toml:"l2_every"`
 	TrackChanges    bool `toml:"track_changes"`
+	// FavorDynMods reconfigures the node's cgroup2 hierarchy with favordynmods at start
+	// (pool.FavorDynMods): moving a process between cgroups no longer waits for an RCU grace
+	// period.
+	FavorDynMods bool `toml:"favor_dynmods"`
 	// TemplateMemory bounds the memory process templates hold alone, on the node and per
 	// sandbox (sizes such as 2g; "" or 0: unbounded). Beyond it the oldest checkpoints'
 	// templates are dropped.
