@@ -16,8 +16,9 @@
 // do not run between the dump and the capture (it does not freeze the cgroup behind runc's back
 // for an L3 dump, as it does for L1/L2 checkpoints). Driving runc or CRIU directly would save
 // the gRPC/ttrpc hops (a few ms) but not CRIU's own frozen window, which dominates it: most of
-// that window is the memory dump, CRIU's iptables network lock/unlock (iptables-restore in the
-// sandbox netns) and the tar+gzip of each tmpfs mount (/dev, /dev/shm, /run and the masked-path
+// that window is the memory dump, CRIU's network lock/unlock (nftables, in CRIU itself: hack/
+// builds CRIU with NETWORK_LOCK_DEFAULT=NETWORK_LOCK_NFTABLES, where iptables ran
+// iptables-restore in the sandbox netns twice, ~60 ms of a dump and of a restore) and the tar+gzip of each tmpfs mount (/dev, /dev/shm, /run and the masked-path
 // tmpfs mounts). BenchmarkDumpRestore measures a dump and restore of a python process with 50
 // MiB of heap against `ctr c checkpoint`/`ctr c restore`; docs/benchmarks.md has the end-to-end
 // figures (l3-frozen, l3-restore).
@@ -34,7 +35,9 @@
 //   - tcp-close: restores under a new identity (new container ID, another node, new IP).
 //   - file-locks: needed to dump a process holding flock/POSIX locks at all; on restore a
 //     config without it drops the locks silently, so Restore refuses such images then.
-//   - network-lock cannot be set in the file: CRIU 4.1.1 segfaults in RPC mode when it is.
+//   - network-lock cannot be set in the file: CRIU 4.1.1 segfaults in RPC mode when it is (its
+//     option parser reads argv, which RPC mode has not); the lock is CRIU's build default
+//     (nftables, TestDumpLocksTheNetworkWithNftables), and a restore uses its dump's.
 //
 // # Restore
 //

@@ -161,27 +161,30 @@ build_criu() {
 	log "unpacking $(basename "${orig}")"
 	mkdir "${work}/src"
 	tar -xf "${orig}" -C "${work}/src" --strip-components=1
-	log "make criu (this takes ~20 s)"
-	make -C "${work}/src" -j"$(nproc)" criu >"${work}/build.log" 2>&1 ||
+	local lock=NETWORK_LOCK_${CRIU_NETWORK_LOCK^^}
+	log "make criu NETWORK_LOCK_DEFAULT=${lock} (this takes ~20 s)"
+	make -C "${work}/src" -j"$(nproc)" criu NETWORK_LOCK_DEFAULT="${lock}" >"${work}/build.log" 2>&1 ||
 		{ tail -n 30 "${work}/build.log" >&2; die "make criu failed"; }
 	mkdir -p "$(dirname "${out}")"
 	install -m 0755 "${work}/src/criu/criu" "${out}"
 	rm -rf "${work}"
 }
 
+# The build's version names its network lock too: a cached or installed build of the same
+# CRIU with another lock default is replaced (install_cached compares the files).
 install_criu() {
-	step criu "CRIU ${CRIU_VERSION}"
-	if [[ "$(criu_version_of "${BIN_DIR}/criu")" == "${CRIU_VERSION}" ]]; then
-		log "criu ${CRIU_VERSION} already installed"
-		return
-	fi
-	local cached="${BIN_CACHE}/criu-${CRIU_VERSION}"
+	local build="${CRIU_VERSION}-${CRIU_NETWORK_LOCK}-lock"
+	step criu "CRIU ${CRIU_VERSION} (network lock ${CRIU_NETWORK_LOCK})"
+	local cached="${BIN_CACHE}/criu-${build}"
 	if [[ "$(criu_version_of "${cached}")" != "${CRIU_VERSION}" ]]; then
 		build_criu "${cached}"
+	elif cmp -s "${cached}" "${BIN_DIR}/criu"; then
+		log "criu ${build} already installed"
+		return
 	else
 		log "using cached build ${cached}"
 	fi
-	install_cached criu "${CRIU_VERSION}" "${BIN_DIR}"
+	install_cached criu "${build}" "${BIN_DIR}"
 }
 
 # check_go_bin NAME MODULE VERSION [TAGS] [DIR]: the binary on PATH (or in DIR) is that build.
@@ -211,8 +214,11 @@ verify() {
 	out=$(criu --version)
 	log "criu: ${out//$'\n'/; }"
 	[[ "$(criu_version_of "$(command -v criu)")" == "${CRIU_VERSION}" ]] || die "criu on PATH is not ${CRIU_VERSION}"
-	have iptables-restore || die "iptables-restore is not on PATH (CRIU's network lock needs it)"
+	have iptables-restore || die "iptables-restore is not on PATH (restores of snapshots dumped with CRIU's iptables lock need it)"
 	out=$(criu check 2>&1) || { printf '%s\n' "${out}" >&2; die "criu check failed"; }
+	if [[ ${CRIU_NETWORK_LOCK} == nftables ]]; then
+		criu check --feature network_lock_nftables >/dev/null 2>&1 || die "criu's nftables network lock does not work here (criu check --feature network_lock_nftables)"
+	fi
 	log "criu check: ${out##*$'\n'}"
 	check_go_bin versitygw github.com/versity/versitygw "${VERSITYGW_VERSION}"
 	out=$(versitygw --version 2>&1)
