@@ -101,6 +101,7 @@ func (c *CAS) Put(ctx context.Context, d digest.Digest, r io.Reader, size int64)
 		return false, fmt.Errorf("put blob %s: %w", d, err)
 	}
 	vr := newVerifier(r, d)
+	defer vr.stop()
 	if err := c.store.Put(ctx, key, vr, size); err != nil {
 		return false, fmt.Errorf("put blob %s: %w", d, err)
 	}
@@ -126,10 +127,7 @@ func (c *CAS) Get(ctx context.Context, d digest.Digest) (io.ReadCloser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("get blob %s: %w", d, err)
 	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{newVerifier(rc, d), rc}, nil
+	return &verifiedReader{verifier: newVerifier(rc, d), rc: rc}, nil
 }
 
 // Delete removes the blob with digest d.
@@ -145,17 +143,42 @@ func (c *CAS) Delete(ctx context.Context, d digest.Digest) error {
 }
 
 // verifier hashes what passes through it and turns io.EOF into a mismatch error when the
-// content does not match the expected digest. Its error is sticky.
+// content does not match the expected digest. Its error is sticky. The hash runs on a
+// goroutine of its own, fed copies of what was read (bounded: hashChunks in flight), so that
+// hashing overlaps with what the caller does with the bytes: hashing 50 MiB with SHA-256
+// takes ~45 ms here, as long as decompressing and writing them, and the two otherwise took
+// turns on one core. The final check waits for the hash to catch up.
 type verifier struct {
 	r        io.Reader
 	want     digest.Digest
 	h        hash.Hash
 	err      error
 	verified bool
+	chunks   chan []byte   // to the hashing goroutine; closed at the end (or Close)
+	free     chan []byte   // buffers back from it
+	hashed   chan struct{} // closed once it has hashed every chunk sent
 }
 
+// hashChunks and hashChunkSize bound the copies in flight to the hashing goroutine.
+const (
+	hashChunks    = 8
+	hashChunkSize = 256 << 10
+)
+
 func newVerifier(r io.Reader, want digest.Digest) *verifier {
-	return &verifier{r: r, want: want, h: want.Algorithm().Hash()}
+	v := &verifier{r: r, want: want, h: want.Algorithm().Hash(), chunks: make(chan []byte, hashChunks),
+		free: make(chan []byte, hashChunks), hashed: make(chan struct{})}
+	for range hashChunks {
+		v.free <- make([]byte, hashChunkSize)
+	}
+	go func(chunks <-chan []byte) {
+		defer close(v.hashed)
+		for b := range chunks {
+			v.h.Write(b)
+			v.free <- b[:cap(b)]
+		}
+	}(v.chunks)
+	return v
 }
 
 func (v *verifier) Read(p []byte) (int, error) {
@@ -163,7 +186,12 @@ func (v *verifier) Read(p []byte) (int, error) {
 		return 0, v.err
 	}
 	n, err := v.r.Read(p)
-	v.h.Write(p[:n])
+	for rest := p[:n]; len(rest) > 0; {
+		b := <-v.free
+		m := copy(b, rest)
+		v.chunks <- b[:m]
+		rest = rest[m:]
+	}
 	if errors.Is(err, io.EOF) {
 		err = v.check()
 	}
@@ -173,11 +201,34 @@ func (v *verifier) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// stop ends the hashing goroutine (at the end of the content, or when the reader is closed
+// before it); it is safe to call more than once.
+func (v *verifier) stop() {
+	if v.chunks != nil {
+		close(v.chunks)
+		v.chunks = nil
+	}
+	<-v.hashed
+}
+
 func (v *verifier) check() error {
+	v.stop()
 	got := digest.NewDigest(v.want.Algorithm(), v.h)
 	if got != v.want {
 		return fmt.Errorf("blob %s: content has digest %s: %w", v.want, got, ErrDigestMismatch)
 	}
 	v.verified = true
 	return io.EOF
+}
+
+// verifiedReader is a blob opened by Get: its verifier, and the store's reader behind it.
+type verifiedReader struct {
+	*verifier
+	rc io.ReadCloser
+}
+
+// Close stops the hashing and closes the blob.
+func (r *verifiedReader) Close() error {
+	r.verifier.stop()
+	return r.rc.Close()
 }
