@@ -276,15 +276,20 @@ func unpark(t *testing.T, e *env, sb *sandbox) {
 	e.waitInit(t, sb)
 }
 
-// TestDumpTimeoutStopsCRIU bounds dumps of 50 MiB of heap below what they take, so they are
-// stopped at different points (before CRIU runs, while it has the cgroup frozen, while it
-// writes pages): each fails with DeadlineExceeded, no CRIU is left holding the images
-// directory, the sandbox is not left frozen (it keeps counting), and a dump without the short
-// bound then works: nothing of the stopped dump is in the way.
+// TestDumpTimeoutStopsCRIU bounds dumps of 50 MiB of heap below what one takes (measured
+// first: a fraction of it), so they are stopped at different points (before CRIU runs, while
+// it has the cgroup frozen, while it writes pages): each fails with DeadlineExceeded, no CRIU
+// is left holding the images directory, the sandbox is not left frozen (it keeps counting),
+// and a dump without the short bound then works: nothing of the stopped dump is in the way.
 func TestDumpTimeoutStopsCRIU(t *testing.T) {
 	e := newEnv(t)
 	sb := e.newHeapSandbox(t)
-	for _, bound := range []time.Duration{50 * time.Millisecond, 150 * time.Millisecond, 250 * time.Millisecond} {
+	start := time.Now()
+	if _, err := e.cp.Dump(e.ctx, sb.id, filepath.Join(t.TempDir(), "images")); err != nil {
+		t.Fatalf("unbounded dump: %v", err)
+	}
+	took := time.Since(start)
+	for _, bound := range []time.Duration{took / 10, took / 4, took / 2} {
 		images := filepath.Join(t.TempDir(), "images")
 		_, err := New(e.client, WithDumpTimeout(bound)).Dump(e.ctx, sb.id, images)
 		if !errors.Is(err, context.DeadlineExceeded) {
