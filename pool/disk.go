@@ -40,32 +40,58 @@ const diskImage = "disk.img"
 var mkfsArgs = []string{"-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0",
 	"-O", "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,nodiscard"}
 
-// pendingDisk is a disk image being made in the background.
+// pendingDisk is a reserved disk image being formatted in the background.
 type pendingDisk struct {
 	img  string
 	size int64 // 0: no disk limit
 	done chan error
 }
 
-// prepareDisk starts making the image of a sandbox disk of size bytes (none when 0), so that
-// mkfs runs while the container and its network are set up.
-func (r *runtime) prepareDisk(ctx context.Context, cid string, size int64) *pendingDisk {
-	d := &pendingDisk{img: filepath.Join(r.containerDir(cid), diskImage), size: size, done: make(chan error, 1)}
+// reserveDisk makes the sandbox's directory and reserves its disk image of size bytes on the
+// state root (no image when 0), then starts formatting the image in the background, so that
+// mkfs runs while the container and its network are set up. It is the first write of a
+// sandbox creation on the state root, so a state root without the room for the disk fails
+// here, resource_exhausted naming the reservation, before any other file of the sandbox (its
+// CRIU config, its init's log) could take the last blocks and fail with a plain error.
+func (r *runtime) reserveDisk(ctx context.Context, cid string, size int64) (*pendingDisk, error) {
+	dir := r.containerDir(cid)
+	d := &pendingDisk{img: filepath.Join(dir, diskImage), size: size, done: make(chan error, 1)}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		if size == 0 {
+			return nil, stateRootFull(fmt.Errorf("create the sandbox directory: %w", err))
+		}
+		return nil, stateRootFull(fmt.Errorf("reserve the sandbox disk (%s) on the state root: create the sandbox directory: %w",
+			units.BytesSize(float64(size)), err))
+	}
 	if size == 0 {
 		d.done <- nil
-		return d
+		return d, nil
 	}
-	go func() { d.done <- makeImage(ctx, d.img, size) }()
-	return d
+	if err := createImage(d.img, size); err != nil {
+		return nil, err
+	}
+	go func() { d.done <- formatImage(ctx, d.img, size) }()
+	return d, nil
 }
 
-// wait returns the outcome of making the image (the first call; nil afterwards).
+// wait returns the outcome of formatting the image (the first call; nil afterwards).
 func (d *pendingDisk) wait() error {
 	err, ok := <-d.done
 	if ok {
 		close(d.done)
 	}
 	return err
+}
+
+// stateRootFull makes err, a failed write on the state root, resource_exhausted when the
+// filesystem had no room (ENOSPC, EDQUOT): a sandbox creation that found the state root full
+// is the caller's to retry once space is freed, not an internal error. err names what was
+// written; other errors are returned as they are.
+func stateRootFull(err error) error {
+	if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, unix.EDQUOT) || errdefs.IsResourceExhausted(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
 }
 
 // attachDisk mounts the prepared disk under the sandbox's writable layer.
@@ -132,28 +158,51 @@ func statDirs(parent string, names ...string) (map[string]*syscall.Stat_t, error
 	return out, nil
 }
 
+// makeImage makes a reserved, formatted disk image (createImage, then formatImage).
 func makeImage(ctx context.Context, path string, size int64) error {
+	if err := createImage(path, size); err != nil {
+		return err
+	}
+	return formatImage(ctx, path, size)
+}
+
+// createImage creates the image file at path with all its size bytes allocated
+// (reserveImage). A failed reservation leaves the file for the caller's cleanup to remove.
+func createImage(path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
-		return fmt.Errorf("create disk image: %w", err)
+		return stateRootFull(fmt.Errorf("reserve the sandbox disk (%s) on the state root: create %s: %w",
+			units.BytesSize(float64(size)), path, err))
 	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("size disk image %s: %w", path, err)
-	}
-	out, err := exec.CommandContext(ctx, "mkfs.ext4", append(mkfsArgs, path)...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("mkfs.ext4 %s: %v: %s (install e2fsprogs, or set [sandbox] disk = \"0\"): %w", path, err, tail(out, 300), errdefs.ErrFailedPrecondition)
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("create disk image %s: %w", path, err)
 	}
 	return reserveImage(path, size)
 }
 
-// reserveImage allocates every block of the image on the state root's filesystem (after mkfs,
-// which leaves it sparse). A state root without the room is resource_exhausted, naming what
-// is free.
+// formatImage makes the ext4 of a reserved image. mkfs zeroes ranges with fallocate: where
+// the filesystem cannot zero a range in place (tmpfs) it punches a hole, so the holes left
+// are reserved again (a stat when there are none).
+func formatImage(ctx context.Context, path string, size int64) error {
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", append(mkfsArgs, path)...).CombinedOutput()
+	if err != nil {
+		if strings.Contains(string(out), "No space left on device") {
+			return fmt.Errorf("format the sandbox disk %s: mkfs.ext4: %v: %s: %w: %w", path, err, tail(out, 300), unix.ENOSPC, errdefs.ErrResourceExhausted)
+		}
+		return fmt.Errorf("mkfs.ext4 %s: %v: %s (install e2fsprogs, or set [sandbox] disk = \"0\"): %w", path, err, tail(out, 300), errdefs.ErrFailedPrecondition)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fmt.Errorf("disk image: %w", err)
+	}
+	if st.Blocks*512 < size {
+		return reserveImage(path, size)
+	}
+	return nil
+}
+
+// reserveImage allocates every block of the image on the state root's filesystem (extending
+// it to size). A state root without the room is resource_exhausted, naming what is free.
 func reserveImage(path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {

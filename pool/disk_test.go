@@ -113,8 +113,9 @@ func TestDiskImageIsReserved(t *testing.T) {
 }
 
 // TestDiskImageOnAFullStateRoot: a disk that does not fit on the state root is refused when
-// the sandbox is made, with resource_exhausted naming the sizes (create's cleanup then removes
-// the sandbox's directory with the image).
+// the sandbox is made, at once (before it is formatted), with resource_exhausted naming the
+// reservation and the sizes (create's cleanup then removes the sandbox's directory with the
+// image).
 func TestDiskImageOnAFullStateRoot(t *testing.T) {
 	testutil.RequiresRoot(t)
 	testutil.RequiresBinary(t, "mkfs.ext4")
@@ -127,16 +128,16 @@ func TestDiskImageOnAFullStateRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &runtime{dir: dir}
-	err := r.prepareDisk(context.Background(), "c1", 32<<20).wait()
-	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "no space left on device") ||
-		!strings.Contains(err.Error(), "32MiB") {
+	d, err := r.reserveDisk(context.Background(), "c1", 32<<20)
+	if d != nil || !errdefs.IsResourceExhausted(err) || !errors.Is(err, unix.ENOSPC) ||
+		!strings.Contains(err.Error(), "reserve the sandbox disk (32MiB) on the state root") {
 		t.Fatalf("a 32 MiB disk on a 24 MiB state root: %v; want resource_exhausted naming the sizes", err)
 	}
 	t.Log(err)
 }
 
 // BenchmarkDiskImage measures making a sandbox disk image as a sandbox creation does
-// (reserved: mkfs, then fallocate of the whole image) against the sparse image made before
+// (reserved: fallocate of the whole image, then mkfs) against the sparse image made before
 // (mkfs only), and removing it (destroy), on the filesystem of $TMPDIR.
 func BenchmarkDiskImage(b *testing.B) {
 	testutil.RequiresBinary(b, "mkfs.ext4")

@@ -148,7 +148,7 @@ func (m *Manager) createWith(ctx context.Context, p *pool, restore RestoreFunc, 
 	if err := m.st.put(bucketContainers, cid, sb.rec); err != nil {
 		inst.ref.Load().retire()
 		m.rt.cleanup(ctx, cid)
-		return nil, fmt.Errorf("record sandbox %s: %w", cid, err)
+		return nil, stateRootFull(fmt.Errorf("record sandbox %s: %w", cid, err))
 	}
 	m.watch(sb, inst.ref.Load())
 	log.L(ctx).Info("sandbox created", "container", cid, "ms", time.Since(start).Milliseconds())

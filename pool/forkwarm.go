@@ -203,7 +203,7 @@ func (m *Manager) recordLease(ctx context.Context, p *pool, sb *sandbox, req Lea
 		} else {
 			m.giveBack(p, sb)
 		}
-		return LeaseResult{}, fmt.Errorf("record lease: %w", err)
+		return LeaseResult{}, stateRootFull(fmt.Errorf("record lease: %w", err))
 	}
 	m.mu.Lock()
 	sb.rec = rec

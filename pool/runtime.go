@@ -194,24 +194,30 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string, start Res
 		return nil, err
 	}
 	inst := r.newInstance(cid, 0)
-	if err := os.MkdirAll(inst.runDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create run dir: %w", err)
-	}
 	defer func() {
 		if retErr != nil {
-			r.cleanup(ctx, cid)
+			r.cleanup(ctx, cid) // the sandbox's directory, disk image, container and network
 		}
 	}()
+	// The disk is reserved before anything else of the sandbox is written on the state root
+	// (reserveDisk); mkfs then runs while the rest is set up.
+	disk, err := r.reserveDisk(ctx, cid, t.limits().Over(r.defaults).DiskBytes)
+	if err != nil {
+		return nil, err
+	}
+	defer disk.wait() // never leave mkfs behind (runs before the cleanup)
+	sp.mark("image_disk")
+	if err := r.sandboxFiles(inst); err != nil {
+		return nil, err
+	}
 	if err := r.allocateIDs(t, inst); err != nil {
 		return nil, err
 	}
-	disk := r.prepareDisk(ctx, cid, t.limits().Over(r.defaults).DiskBytes) // while the rest is set up
-	defer disk.wait()                                                      // never leave mkfs behind
 	opts, err := r.containerSpec(ctx, img, t, inst)
 	if err != nil {
 		return nil, err
 	}
-	sp.mark("image_ids_spec")
+	sp.mark("ids_spec")
 	labels := map[string]string{LabelManaged: "true", LabelNode: r.node, LabelPool: t.Name}
 	if forkLower != "" {
 		labels[LabelForkLower] = filepath.Base(forkLower)
@@ -262,7 +268,25 @@ func (r *runtime) create(ctx context.Context, t *Template, cid string, start Res
 }
 
 func (r *runtime) initLog(cid string) cio.Creator {
-	return cio.LogFile(filepath.Join(r.containerDir(cid), "init.log"))
+	return cio.LogFile(r.initLogPath(cid))
+}
+
+func (r *runtime) initLogPath(cid string) string {
+	return filepath.Join(r.containerDir(cid), "init.log")
+}
+
+// sandboxFiles makes the sandbox's run directory and its init's log (which the shim would
+// create at the task's start, where a full state root would come back as a plain error
+// through containerd).
+func (r *runtime) sandboxFiles(inst *instance) error {
+	if err := os.MkdirAll(inst.runDir, 0o700); err != nil {
+		return stateRootFull(fmt.Errorf("create the sandbox's run directory: %w", err))
+	}
+	f, err := os.OpenFile(r.initLogPath(inst.cid), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return stateRootFull(fmt.Errorf("create the sandbox's init log: %w", err))
+	}
+	return f.Close()
 }
 
 // replaceTask kills a sandbox's task and starts a new one with start (an in-place restore).
@@ -295,7 +319,7 @@ func (r *runtime) waitInit(ctx context.Context, inst *instance) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if _, err := inst.init.WaitReady(ctx, 2*time.Millisecond); err != nil {
-		logTail, _ := os.ReadFile(filepath.Join(r.containerDir(inst.cid), "init.log"))
+		logTail, _ := os.ReadFile(r.initLogPath(inst.cid))
 		return fmt.Errorf("sandbox init of %s did not answer: %v (init log: %q): %w", inst.cid, err, tail(logTail, 400), errdefs.ErrUnavailable)
 	}
 	return nil
@@ -323,8 +347,8 @@ func (r *runtime) containerSpec(ctx context.Context, img containerd.Image, t *Te
 	}
 	if r.specOpts != nil {
 		extra, err := r.specOpts(inst.cid, r.containerDir(inst.cid))
-		if err != nil {
-			return nil, err
+		if err != nil { // it writes files of the sandbox (its CRIU config) on the state root
+			return nil, stateRootFull(fmt.Errorf("spec of sandbox %s: %w", inst.cid, err))
 		}
 		opts = append(opts, extra...)
 	}

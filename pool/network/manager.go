@@ -231,6 +231,10 @@ func classifyCNI(err error) error {
 		return fmt.Errorf("%w: %w", errdefs.ErrFailedPrecondition, err)
 	case gocni.IsInvalidConfig(err):
 		return fmt.Errorf("%w: %w", errdefs.ErrInvalidArgument, err)
+	case strings.Contains(err.Error(), unix.ENOSPC.Error()), strings.Contains(err.Error(), unix.EDQUOT.Error()):
+		// host-local found no room for its reservation under the state dir; a plugin's
+		// error carries only the text.
+		return fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
 	}
 	return err
 }

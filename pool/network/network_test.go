@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -234,4 +235,17 @@ func countPrefix(calls []string, sub string) int {
 		}
 	}
 	return n
+}
+
+// A CNI plugin that found no room for its state (host-local writing its reservation under
+// the state dir) fails with text only: it is resource_exhausted, with the plugin's words.
+func TestClassifyCNIFullDisk(t *testing.T) {
+	plugin := errors.New(`plugin type="host-local" failed (add): failed to allocate for range 0: open /var/lib/deltabox/network/ipam/dbx/10.88.0.5: no space left on device`)
+	err := classifyCNI(plugin)
+	if !errdefs.IsResourceExhausted(err) || !errors.Is(err, plugin) {
+		t.Fatalf("classifyCNI(%v) = %v; want resource_exhausted wrapping the plugin's error", plugin, err)
+	}
+	if other := errors.New("plugin failed: no route to host"); classifyCNI(other) != other {
+		t.Fatalf("classifyCNI of an unrelated error changed it: %v", classifyCNI(other))
+	}
 }
