@@ -38,6 +38,10 @@ type Options struct {
 	// LinkRemap lets CRIU dump open files that were unlinked (or have no name) by linking
 	// them back to a temporary name.
 	LinkRemap bool
+	// CgroupYard is a directory of the node's cgroup hierarchies already mounted
+	// (PrepareCgroupYard), which CRIU uses instead of mounting each hierarchy itself: a fresh
+	// cgroup2 mount resets the node's cgroup2 flags.
+	CgroupYard string
 	// Extra holds further CRIU long options, one per entry, without the leading "--"
 	// (e.g. "ghost-limit 10M"). "network-lock" is refused: CRIU 4.1.1 segfaults in RPC mode
 	// (the way runc drives it) when a configuration file sets it.
@@ -48,6 +52,9 @@ type Options struct {
 func (o Options) Validate() error {
 	if o.TCPEstablished && o.TCPClose {
 		return fmt.Errorf("criu options: tcp-established and tcp-close exclude each other: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.CgroupYard != "" && (!filepath.IsAbs(o.CgroupYard) || strings.ContainsAny(o.CgroupYard, " \t\n\r\"'\\")) {
+		return fmt.Errorf("criu options: cgroup yard %q must be an absolute path without blanks or quotes (CRIU's configuration file splits on them): %w", o.CgroupYard, errdefs.ErrInvalidArgument)
 	}
 	for _, e := range o.Extra {
 		if e == "" || strings.ContainsAny(e, "\n\r") || strings.HasPrefix(e, "-") {
@@ -75,6 +82,9 @@ func (o Options) Render() []byte {
 		if f.on {
 			b.WriteString(f.name + "\n")
 		}
+	}
+	if o.CgroupYard != "" {
+		b.WriteString("cgroup-yard " + o.CgroupYard + "\n")
 	}
 	for _, e := range o.Extra {
 		b.WriteString(e + "\n")

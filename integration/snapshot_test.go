@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/moby/sys/mountinfo"
 
 	"github.com/deltabox/deltabox/internal/testutil"
 	"github.com/deltabox/deltabox/objectstore/s3test"
@@ -124,6 +125,22 @@ func TestL3RollbackRestoresProcessesInPlace(t *testing.T) {
 	d.cli("exec", id, "--", "sh", "-c", "rm /root/notes")
 	d.cli("rollback", id, "--to", ck.ID)
 	checkContinues(t, d, id, before, after+restoreSlack)
+	// The daemon set favordynmods on the node's cgroup2 hierarchy (its default); CRIU's dump
+	// and restore went through the daemon's cgroup yard and left it (a cgroup2 mount of their
+	// own resets the node's flags).
+	if opts := cgroup2Flags(t); !strings.Contains(opts, "favordynmods") {
+		t.Fatalf("after an L3 checkpoint and rollback the node's cgroup2 options are %q: CRIU took favordynmods off", opts)
+	}
+}
+
+// cgroup2Flags returns the super options of the node's first cgroup2 mount.
+func cgroup2Flags(t testing.TB) string {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup2"))
+	if err != nil || len(ms) == 0 {
+		t.Fatalf("cgroup2 mounts: %v (%d)", err, len(ms))
+	}
+	return ms[0].VFSOptions
 }
 
 func TestSnapshotPushRestoreAndFork(t *testing.T) {

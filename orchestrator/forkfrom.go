@@ -303,7 +303,7 @@ func (o *Orchestrator) forkTask(s *session, ck ckptRecord) pool.RestoreFunc {
 		if err != nil {
 			return nil, err
 		}
-		if err := writeNewIdentityConfig(conf, images); err != nil {
+		if err := o.writeNewIdentityConfig(conf, images); err != nil {
 			return nil, err
 		}
 		ids, err := intoUserNS(ctx, c, images)

@@ -30,7 +30,7 @@ const stateFile = "state.json"
 // containerd shim forwards no CRIU options itself.
 func (o *Orchestrator) criuSpec(cid, dir string) ([]oci.SpecOpts, error) {
 	path := filepath.Join(dir, "criu.conf")
-	if err := criu.WriteConfig(path, criu.Options{TCPEstablished: true, FileLocks: true}); err != nil {
+	if err := criu.WriteConfig(path, criu.Options{TCPEstablished: true, FileLocks: true, CgroupYard: o.cgroupYard}); err != nil {
 		return nil, err
 	}
 	return []oci.SpecOpts{criu.WithConfig(path)}, nil
@@ -212,12 +212,14 @@ func unparkInit(ctx context.Context, sb pool.Sandbox) {
 
 // writeNewIdentityConfig writes the CRIU configuration of a restore under a new identity
 // (criu.NewIdentityOptions: loopback-only TCP connections stay established, others close).
-func writeNewIdentityConfig(conf, images string) error {
+func (o *Orchestrator) writeNewIdentityConfig(conf, images string) error {
 	m, err := criu.ReadMeta(images)
 	if err != nil {
 		return err
 	}
-	return criu.WriteConfig(conf, criu.NewIdentityOptions(m))
+	opts := criu.NewIdentityOptions(m)
+	opts.CgroupYard = o.cgroupYard
+	return criu.WriteConfig(conf, opts)
 }
 
 // restoreL3 restores a task from CRIU images and unparks its init, which was parked when

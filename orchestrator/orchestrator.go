@@ -145,10 +145,13 @@ type Orchestrator struct {
 	net       *network.Manager
 	proxy     *proxy.Proxy
 	l3        *criu.Checkpointer
-	closers   []func() error
-	effects   Effects
-	signer    *snapsign.Signer   // signs the manifests this node pushes
-	trust     *snapsign.Verifier // keys whose snapshots this node restores
+	// cgroupYard is the CRIU cgroup yard every sandbox's CRIU configuration names
+	// (criu.PrepareCgroupYard; "" when it could not be made).
+	cgroupYard string
+	closers    []func() error
+	effects    Effects
+	signer     *snapsign.Signer   // signs the manifests this node pushes
+	trust      *snapsign.Verifier // keys whose snapshots this node restores
 
 	limiterOnce sync.Once
 	limits      *requestLimiter // API request limits (see reqlimit.go)
@@ -195,6 +198,28 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	return o, nil
 }
 
+// prepareCRIU primes CRIU's kernel-features cache and makes its cgroup yard (see
+// criu.PrimeKdatCache and criu.PrepareCgroupYard). Neither is needed for CRIU to work: a
+// failure is logged and CRIU runs as it would without.
+func (o *Orchestrator) prepareCRIU(ctx context.Context) {
+	if primed, err := criu.PrimeKdatCache(ctx, o.opts.CRIUPath); err != nil {
+		log.L(ctx).Warn("CRIU probes the kernel at every dump and restore (~30 ms each)", "error", err)
+	} else if primed {
+		log.L(ctx).Debug("CRIU kernel-features cache primed", "path", criu.KdatCache)
+	}
+	yard := criu.DefaultCgroupYard
+	bound, err := criu.PrepareCgroupYard(yard)
+	if err == nil {
+		err = criu.Options{CgroupYard: yard}.Validate()
+	}
+	if err != nil {
+		log.L(ctx).Warn("no CRIU cgroup yard: every CRIU run mounts the cgroup hierarchies, which resets the node's cgroup2 flags (favordynmods, nsdelegate)", "error", err)
+		return
+	}
+	o.cgroupYard = yard
+	log.L(ctx).Debug("CRIU cgroup yard", "dir", yard, "hierarchies", bound)
+}
+
 func (o *Orchestrator) start(ctx context.Context) (err error) {
 	o.criu = criu.NewChecker(o.opts.CRIUPath).Check(ctx)
 	if o.criu, err = criu.CheckBreakpoints(o.criu, o.opts.ContainerdAddress); err != nil {
@@ -220,6 +245,9 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	work := filepath.Join(o.opts.Root, "criu-work")
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return err
+	}
+	if o.criu.Available {
+		o.prepareCRIU(ctx)
 	}
 	o.l3 = criu.New(o.client, criu.WithStatus(o.criu), criu.WithCRIUPath(o.opts.CRIUPath), criu.WithWorkRoot(work), criu.WithDumpTimeout(o.opts.Snapshots.DumpTimeout), criu.WithLazyPages(o.opts.Snapshots.LazyRestore))
 	if o.opts.Metrics != nil {

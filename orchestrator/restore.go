@@ -157,7 +157,7 @@ func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 		if err != nil {
 			return nil, err
 		}
-		if err := writeNewIdentityConfig(conf, f.images); err != nil {
+		if err := o.writeNewIdentityConfig(conf, f.images); err != nil {
 			return nil, err
 		}
 		ids, err := intoUserNS(ctx, c, f.images)
