@@ -18,10 +18,22 @@
 // the gRPC/ttrpc hops (a few ms) but not CRIU's own frozen window, which dominates it: most of
 // that window is the memory dump, CRIU's network lock/unlock (nftables, in CRIU itself: hack/
 // builds CRIU with NETWORK_LOCK_DEFAULT=NETWORK_LOCK_NFTABLES, where iptables ran
-// iptables-restore in the sandbox netns twice, ~60 ms of a dump and of a restore) and the tar+gzip of each tmpfs mount (/dev, /dev/shm, /run and the masked-path
-// tmpfs mounts). BenchmarkDumpRestore measures a dump and restore of a python process with 50
+// iptables-restore in the sandbox netns twice, ~60 ms of a dump and of a restore) and the
+// tar+gzip of each tmpfs mount (/dev, /dev/shm, /run and the masked-path tmpfs mounts). BenchmarkDumpRestore measures a dump and restore of a python process with 50
 // MiB of heap against `ctr c checkpoint`/`ctr c restore`; docs/benchmarks.md has the end-to-end
 // figures (l3-frozen, l3-restore).
+//
+// # The node's CRIU state
+//
+// Two things make every CRIU run on a node cheaper and harmless to the node; the daemon does
+// both at start, and CRIU works (slower, and resetting the node's cgroup2 flags) without
+// them. PrepareCgroupYard binds each cgroup hierarchy's root under DefaultCgroupYard, which
+// Options.CgroupYard names in every configuration: CRIU then uses those mounts instead of
+// mounting each hierarchy afresh, and a fresh cgroup2 mount in the initial cgroup namespace
+// would set the node's cgroup2 flags (favordynmods, nsdelegate) to none. PrimeKdatCache makes
+// sure KdatCache holds CRIU's kernel-features probe, which CRIU writes itself only where /run
+// is a tmpfs; without it every run probes the kernel (~30 ms). Together: a restore of 50 MiB
+// of heap in CRIU 128 -> 82 ms (docs/benchmarks.md).
 //
 // # CRIU options
 //
