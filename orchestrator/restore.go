@@ -6,9 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -17,30 +15,16 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 	"github.com/klauspost/compress/zstd"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/internal/failpoint"
 	"github.com/deltabox/deltabox/internal/log"
 	"github.com/deltabox/deltabox/internal/rootfs"
-	"github.com/deltabox/deltabox/objectstore"
 	"github.com/deltabox/deltabox/orchestrator/api"
 	"github.com/deltabox/deltabox/overlay"
 	"github.com/deltabox/deltabox/pool"
 )
-
-// fetched is a snapshot downloaded and verified into a local directory.
-type fetched struct {
-	uri    string // STORE#NAME
-	dir    string
-	cfg    snapshotConfig
-	images string // unpacked CRIU images
-	rootfs string // rootfs diff (tar+zstd)
-	// rootfsSize is what the rootfs diff decompresses to, as the manifest records it.
-	rootfsSize int64
-	state      json.RawMessage
-	held       []byte // the held effects the snapshot carries (nil: none)
-}
 
 // Restore creates a new sandbox from a snapshot: a new container (own ID, cgroup, network
 // identity, effect journal and machine id) from the snapshot's image, the rootfs diff applied,
@@ -50,27 +34,32 @@ func (o *Orchestrator) Restore(ctx context.Context, uri, poolName string, emit E
 }
 
 // RestoreWith is Restore with every option of the request (AdoptHeldEffects).
+//
+// Only the verified manifest and config are needed to choose the target; the blobs are
+// needed only by the task's start. So the blobs download while the pool creates the
+// container, its spec and its disk, and the task waits for them, every one verified against
+// its digest, before it touches them (restoreTask). A failed download fails the task (the
+// pool removes the container); a failed create stops the download; the temp dir goes
+// either way.
 func (o *Orchestrator) RestoreWith(ctx context.Context, req api.RestoreRequest, emit Emit) (api.Lease, error) {
-	uri, poolName := req.URI, req.Pool
 	if !o.criu.Available {
 		return api.Lease{}, fmt.Errorf("L3 restores are unavailable on this node: %s: %w", o.criu.Reason, errdefs.ErrFailedPrecondition)
 	}
-	start := time.Now()
-	f, err := o.fetchSnapshot(ctx, uri, emit)
+	src, err := o.openSnapshot(ctx, req.URI)
 	if err != nil {
 		return api.Lease{}, err
 	}
-	defer os.RemoveAll(f.dir)
-	if err := failpoint.Inject("restore/fetched"); err != nil {
-		return api.Lease{}, err
-	}
-	log.L(ctx).Debug("snapshot fetched", "uri", uri, "duration", time.Since(start))
-	to, err := o.restoreInto(ctx, f, poolName)
+	to, err := o.restoreInto(ctx, src.cfg, src.uri, req.Pool)
 	if err != nil {
 		return api.Lease{}, err
 	}
 	to.adopt = req.AdoptHeldEffects
-	return o.restoreFetched(ctx, f, to, emit)
+	dl, err := o.startDownload(ctx, src, emit)
+	if err != nil {
+		return api.Lease{}, err
+	}
+	defer dl.close()
+	return o.restoreFetched(ctx, dl, to, emit)
 }
 
 // restoreTarget is where and how a fetched snapshot is restored.
@@ -85,39 +74,59 @@ type restoreTarget struct {
 // exist here and run the snapshot's image; the sandbox gets that pool's template and the
 // snapshot's lease env and labels, and the snapshot's egress policy only if it does not widen
 // the pool's.
-func (o *Orchestrator) restoreInto(ctx context.Context, f *fetched, poolName string) (restoreTarget, error) {
+func (o *Orchestrator) restoreInto(ctx context.Context, cfg snapshotConfig, uri, poolName string) (restoreTarget, error) {
 	if poolName == "" {
-		poolName = f.cfg.Template.Name
+		poolName = cfg.Template.Name
 	}
-	t, err := o.restorePool(ctx, poolName, f.cfg)
+	t, err := o.restorePool(ctx, poolName, cfg)
 	if err != nil {
 		return restoreTarget{}, err
 	}
-	policy, err := restorePolicy(f.cfg.Lease.EgressPolicy, t.EgressPolicy)
+	policy, err := restorePolicy(cfg.Lease.EgressPolicy, t.EgressPolicy)
 	if err != nil {
-		return restoreTarget{}, fmt.Errorf("restore snapshot %s-%s into pool %q: %w", f.cfg.Sandbox, f.cfg.Checkpoint, poolName, err)
+		return restoreTarget{}, fmt.Errorf("restore snapshot %s-%s into pool %q: %w", cfg.Sandbox, cfg.Checkpoint, poolName, err)
 	}
-	return restoreTarget{pool: poolName, message: "restored from " + f.uri,
-		lease: pool.LeaseRequest{Env: f.cfg.Lease.Env, Labels: f.cfg.Lease.Labels, EgressPolicy: policy, RestoredFrom: f.uri}}, nil
+	return restoreTarget{pool: poolName, message: "restored from " + uri,
+		lease: pool.LeaseRequest{Env: cfg.Lease.Env, Labels: cfg.Lease.Labels, EgressPolicy: policy, RestoredFrom: uri}}, nil
 }
 
-func (o *Orchestrator) restoreFetched(ctx context.Context, f *fetched, to restoreTarget, emit Emit) (api.Lease, error) {
-	emit(api.Progress{Phase: "restore"})
-	res, err := o.pools.LeaseRestored(ctx, to.pool, to.lease, o.restoreTask(f))
+// restoreFetched leases a sandbox restored from dl's snapshot into to, then adopts the
+// snapshot's held effects when asked and seeds the sandbox's session.
+func (o *Orchestrator) restoreFetched(ctx context.Context, dl *download, to restoreTarget, emit Emit) (api.Lease, error) {
+	res, f, err := leaseRestored(ctx, o.pools, dl, to, o.restoreTask(dl, emit))
 	if err != nil {
-		return api.Lease{}, fmt.Errorf("restore snapshot %s-%s: %w", f.cfg.Sandbox, f.cfg.Checkpoint, err)
+		return api.Lease{}, err
 	}
 	if to.adopt && f.held != nil {
 		if err := o.adoptHeld(ctx, res.ID, f.held); err != nil {
-			if rerr := o.pools.Release(context.WithoutCancel(ctx), res.ID); rerr != nil {
-				log.L(ctx).Warn("release after a failed adoption of held effects", "sandbox", res.ID, "error", rerr)
-			}
+			o.releaseRestored(ctx, res.ID)
 			return api.Lease{}, err
 		}
 	}
 	o.startSessionWith(ctx, res.Sandbox, seedFor(f, to.message))
 	log.L(ctx).Info("snapshot restored", "sandbox", res.ID, "from", f.cfg.Sandbox, "checkpoint", f.cfg.Checkpoint)
 	return api.Lease{LeaseResult: apiLeaseResult(res)}, nil
+}
+
+// restoredLeaser creates and leases a sandbox whose task a RestoreFunc starts (pool.Manager).
+type restoredLeaser interface {
+	LeaseRestored(ctx context.Context, pool string, req pool.LeaseRequest, restore pool.RestoreFunc) (pool.LeaseResult, error)
+}
+
+// leaseRestored leases a sandbox of to's pool whose task task starts; task waits for dl
+// before it uses the snapshot, so a lease means dl's snapshot is there and verified.
+func leaseRestored(ctx context.Context, lr restoredLeaser, dl *download, to restoreTarget, task pool.RestoreFunc) (pool.LeaseResult, *fetched, error) {
+	res, err := lr.LeaseRestored(ctx, to.pool, to.lease, task)
+	if err != nil {
+		return res, nil, fmt.Errorf("restore snapshot %s-%s: %w", dl.f.cfg.Sandbox, dl.f.cfg.Checkpoint, err)
+	}
+	return res, dl.f, nil
+}
+
+func (o *Orchestrator) releaseRestored(ctx context.Context, id string) {
+	if err := o.pools.Release(context.WithoutCancel(ctx), id); err != nil {
+		log.L(ctx).Warn("release after a failed adoption of held effects", "sandbox", id, "error", err)
+	}
 }
 
 // restorePool returns the template of the pool a snapshot is restored into, which must exist
@@ -146,9 +155,12 @@ func (o *Orchestrator) restorePool(ctx context.Context, name string, cfg snapsho
 	return t, nil
 }
 
-// restoreTask is the pool's RestoreFunc: rootfs diff into the fresh upper dir, a new machine
-// id, the CRIU options of a new identity (writeNewIdentityConfig), then CRIU.
-func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
+// restoreTask is the pool's RestoreFunc of a restore from dl. What needs only the fresh
+// container (its CRIU config path, its user namespace) is read while the blobs download;
+// then it waits for the download, whose every blob matched its digest, and applies the
+// rootfs diff into the fresh upper dir, gives the sandbox a new machine id, writes the CRIU
+// options of a new identity (writeNewIdentityConfig) and runs CRIU.
+func (o *Orchestrator) restoreTask(dl *download, emit Emit) pool.RestoreFunc {
 	return func(ctx context.Context, c containerd.Container, layout pool.Layout, ioc cio.Creator) (containerd.Task, error) {
 		if err := failpoint.Inject("restore/container-created"); err != nil {
 			return nil, err
@@ -157,14 +169,24 @@ func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 		if err != nil {
 			return nil, err
 		}
-		if err := o.writeNewIdentityConfig(conf, f.images); err != nil {
+		m, err := userNSOf(ctx, c)
+		if err != nil {
 			return nil, err
 		}
-		ids, err := intoUserNS(ctx, c, f.images)
+		waitStart := time.Now()
+		f, err := dl.wait(ctx)
 		if err != nil {
 			return nil, err
 		}
 		start := time.Now()
+		emit(api.Progress{Phase: "restore"})
+		if err := o.writeNewIdentityConfig(conf, f.images); err != nil {
+			return nil, err
+		}
+		ids, err := remapInto(c.ID(), m, f.images)
+		if err != nil {
+			return nil, err
+		}
 		if err := applyRootfs(ctx, f.rootfs, f.rootfsSize, layout.Upper, ids...); err != nil {
 			return nil, err
 		}
@@ -176,9 +198,19 @@ func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 		if err == nil {
 			err = failpoint.Inject("restore/restored") // the pool's cleanup kills the task
 		}
-		log.L(ctx).Debug("snapshot task restored", "container", c.ID(), "rootfs", applied.Sub(start), "criu", time.Since(applied))
+		log.L(ctx).Debug("snapshot task restored", "container", c.ID(), "download_wait", start.Sub(waitStart),
+			"rootfs", applied.Sub(start), "criu", time.Since(applied))
 		return t, err
 	}
+}
+
+// userNSOf returns the uid mapping of container c's user namespace, nil without one.
+func userNSOf(ctx context.Context, c containerd.Container) (*specs.LinuxIDMapping, error) {
+	spec, err := c.Spec(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("spec of %s: %w", c.ID(), err)
+	}
+	return criu.SpecMapping(spec)
 }
 
 // intoUserNS prepares images and a rootfs diff (which hold the ids the dumped sandbox saw)
@@ -186,16 +218,20 @@ func (o *Orchestrator) restoreTask(f *fetched) pool.RestoreFunc {
 // (criu.RemapUserNS; CRIU checks the result against c's spec) and the returned option moves
 // the diff's owners likewise. Without one, nothing moves.
 func intoUserNS(ctx context.Context, c containerd.Container, images string) ([]overlay.ImportOption, error) {
-	spec, err := c.Spec(ctx)
+	m, err := userNSOf(ctx, c)
 	if err != nil {
-		return nil, fmt.Errorf("spec of %s: %w", c.ID(), err)
-	}
-	m, err := criu.SpecMapping(spec)
-	if err != nil || m == nil {
 		return nil, err
 	}
+	return remapInto(c.ID(), m, images)
+}
+
+// remapInto is intoUserNS for container cid whose mapping m (userNSOf) is at hand.
+func remapInto(cid string, m *specs.LinuxIDMapping, images string) ([]overlay.ImportOption, error) {
+	if m == nil {
+		return nil, nil
+	}
 	if err := criu.RemapUserNS(images, *m); err != nil {
-		return nil, fmt.Errorf("move the processes into the user namespace of %s: %w", c.ID(), err)
+		return nil, fmt.Errorf("move the processes into the user namespace of %s: %w", cid, err)
 	}
 	return []overlay.ImportOption{overlay.WithIDShift(m.HostID, m.Size)}, nil
 }
@@ -257,152 +293,6 @@ func freshMachineID(layout pool.Layout) error {
 	return nil
 }
 
-// fetchSnapshot downloads a snapshot into a temp dir, every blob verified against its digest
-// before anything is created.
-func (o *Orchestrator) fetchSnapshot(ctx context.Context, uri string, emit Emit) (_ *fetched, retErr error) {
-	storeURI, name, err := parseSnapshotURI(uri, o.opts.ObjectStoreURI)
-	if err != nil {
-		return nil, err
-	}
-	st, _, err := o.openStore(ctx, storeURI)
-	if err != nil {
-		return nil, err
-	}
-	cas := objectstore.NewCAS(st)
-	m, cfg, err := verifiedManifest(ctx, st, cas, name, o.trust)
-	if err != nil {
-		return nil, err
-	}
-	if err := criu.CheckCompatible(cfg.CRIU, o.criu); err != nil {
-		return nil, fmt.Errorf("snapshot %s: %w", uri, err)
-	}
-	if err := failpoint.Inject("restore/verified"); err != nil {
-		return nil, err
-	}
-	base := filepath.Join(o.opts.Root, "restore")
-	if err := os.MkdirAll(base, 0o700); err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp(base, name+"-")
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if retErr != nil {
-			os.RemoveAll(dir)
-		}
-	}()
-	f := &fetched{dir: dir, cfg: cfg, uri: storeURI + "#" + name, images: filepath.Join(dir, "images"), rootfs: filepath.Join(dir, "rootfs.tar.zst")}
-	return f, f.download(ctx, cas, m, emit)
-}
-
-func (f *fetched) download(ctx context.Context, cas *objectstore.CAS, m ocispec.Manifest, emit Emit) error {
-	d, err := layerByType(m, MediaCRIUImages)
-	if err == nil {
-		err = fetchImages(ctx, cas, d, f.cfg.CRIU, f.images, emit)
-	}
-	if err != nil {
-		return err
-	}
-	d, err = layerByType(m, MediaRootfsDiff)
-	if err == nil {
-		f.rootfsSize, err = uncompressedSize(d)
-	}
-	if err == nil {
-		err = fetchBlob(ctx, cas, d, f.rootfs, emit)
-	}
-	if err != nil {
-		return err
-	}
-	if d, err := layerByType(m, MediaHeldEffects); err == nil { // only when effects were held
-		if f.held, err = fetchSmallBlob(ctx, cas, d, filepath.Join(f.dir, "held-effects.json.zst"), emit); err != nil {
-			return err
-		}
-	}
-	d, err = layerByType(m, MediaStateDocument)
-	if err != nil {
-		return err
-	}
-	size, err := uncompressedSize(d)
-	if err != nil {
-		return err
-	}
-	p := filepath.Join(f.dir, "state.json.zst")
-	if err := fetchBlob(ctx, cas, d, p, emit); err != nil {
-		return err
-	}
-	f.state, err = readZstd(p, size)
-	return err
-}
-
-// fetchImages unpacks the CRIU images blob into dir as it downloads, hashing it on the way:
-// the download and the unpack overlap instead of going through a staging file. The unpack
-// refuses anything but plain files and directories under dir, and CRIU sees the images only
-// after the whole blob matched its digest.
-func fetchImages(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, meta criu.Meta, dir string, emit Emit) error {
-	if meta.UnpackedBytes <= 0 || meta.Entries <= 0 {
-		return fmt.Errorf("snapshot config records no unpacked size of the CRIU images: %w", errdefs.ErrInvalidArgument)
-	}
-	return fetch(ctx, cas, d, emit, func(r io.Reader) error {
-		return criu.Unpack(ctx, r, dir, criu.WithLimits(meta.UnpackedBytes, meta.Entries))
-	})
-}
-
-// fetchBlob downloads a blob to path. The file is a staging copy under the restore's temp
-// dir, removed afterwards, so it is not fsynced: a crash leaves nothing that needs it.
-func fetchBlob(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, path string, emit Emit) error {
-	return fetch(ctx, cas, d, emit, func(r io.Reader) error {
-		out, err := os.Create(path)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(out, r); err != nil {
-			out.Close()
-			return err
-		}
-		return out.Close()
-	})
-}
-
-// fetch streams blob d through consume, reporting progress, then reads it to the end, where
-// the CAS reader fails if the digest differs (consume may stop early: an archive can end
-// before its blob does, at a zstd frame trailer or padding).
-func fetch(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, emit Emit, consume func(io.Reader) error) error {
-	title := d.Annotations[annotationTitle]
-	r, err := cas.Get(ctx, d.Digest)
-	if err != nil {
-		return fmt.Errorf("download %s: %w", title, err)
-	}
-	defer r.Close()
-	pr := &progressReader{r: r, emit: emit, p: api.Progress{Phase: "download", Blob: title, Total: d.Size}}
-	if err := consume(pr); err != nil {
-		return fmt.Errorf("download %s (%s): %w", title, d.Digest, err)
-	}
-	if _, err := io.Copy(io.Discard, pr); err != nil {
-		return fmt.Errorf("download %s (%s): %w", title, d.Digest, err)
-	}
-	emit(api.Progress{Phase: "download", Blob: title, Done: d.Size, Total: d.Size})
-	return nil
-}
-
-// readZstd reads a zstd file that decompresses to size bytes (at most 64 MiB).
-func readZstd(path string, size int64) ([]byte, error) {
-	if size > 64<<20 {
-		return nil, fmt.Errorf("%s decompresses to %d bytes, over 64 MiB: %w", filepath.Base(path), size, errdefs.ErrInvalidArgument)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	zr, err := zstd.NewReader(f)
-	if err != nil {
-		return nil, err
-	}
-	defer zr.Close()
-	return io.ReadAll(&boundedReader{r: zr, n: size, what: filepath.Base(path)})
-}
-
 // Fork pushes one snapshot of a sandbox and restores it req.Count times into its pool; the
 // pushed snapshot is removed afterwards unless req.KeepSnapshot.
 func (o *Orchestrator) Fork(ctx context.Context, id string, req api.SnapshotRequest, emit Emit) ([]api.Lease, error) {
@@ -420,18 +310,22 @@ func (o *Orchestrator) Fork(ctx context.Context, id string, req api.SnapshotRequ
 	if !req.KeepSnapshot {
 		defer o.dropForkSnapshot(ctx, snap.URI)
 	}
-	f, err := o.fetchSnapshot(ctx, snap.URI, emit)
+	src, err := o.openSnapshot(ctx, snap.URI)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(f.dir)
 	target, err := o.forkInto(sb, snap.Checkpoint)
 	if err != nil {
 		return nil, err
 	}
+	dl, err := o.startDownload(ctx, src, emit) // beside the first fork's create; the others reuse it
+	if err != nil {
+		return nil, err
+	}
+	defer dl.close() // before the snapshot is dropped
 	var leases []api.Lease
 	for range req.Count {
-		l, err := o.restoreFetched(ctx, f, target, emit)
+		l, err := o.restoreFetched(ctx, dl, target, emit)
 		if err != nil {
 			return leases, fmt.Errorf("fork %d of %d: %w", len(leases)+1, req.Count, err)
 		}
@@ -472,19 +366,6 @@ func (o *Orchestrator) restoreWithTimeout(ctx context.Context, cid, images strin
 	ctx, cancel := context.WithTimeout(ctx, o.opts.Snapshots.RestoreTimeout)
 	defer cancel()
 	return o.restoreL3(ctx, cid, images, ioc)
-}
-
-// fetchSmallBlob downloads a zstd JSON blob to path and returns it decompressed (bounded by
-// the size its descriptor records).
-func fetchSmallBlob(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, path string, emit Emit) ([]byte, error) {
-	size, err := uncompressedSize(d)
-	if err != nil {
-		return nil, err
-	}
-	if err := fetchBlob(ctx, cas, d, path, emit); err != nil {
-		return nil, err
-	}
-	return readZstd(path, size)
 }
 
 // adoptHeld makes the snapshot's held effects held effects of the restored sandbox id.
