@@ -43,7 +43,12 @@ type procEntry struct {
 type procCut struct {
 	entries []procEntry
 	procs   []*proctpl.Proc // entries[i] is procs[i] (nil: not seized, see its Reason)
+	// seizeSpans are, per entry, its membership check, seize and Inspect (logged).
+	seizeSpans [][3]time.Duration
 }
+
+// tracerThreads is how many ptrace threads the daemon runs: one per core, at most 4.
+func tracerThreads() int { return max(1, min(runtime.NumCPU(), 4)) }
 
 // tracer returns the i-th of the node's ptrace threads (modulo their number), started on
 // first use. There is one per core (at most 4): the processes of one checkpoint are seized
@@ -51,7 +56,7 @@ type procCut struct {
 // parallel (a template is traced by the thread that made it, for its whole life).
 func (o *Orchestrator) tracer(i int) *proctpl.Tracer {
 	o.tracerOnce.Do(func() {
-		for range max(1, min(runtime.NumCPU(), 4)) {
+		for range tracerThreads() {
 			o.ptrace = append(o.ptrace, proctpl.NewTracer())
 		}
 	})
@@ -92,6 +97,7 @@ func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc, noFallback 
 		pc.entries = append(pc.entries, procEntry{Proc: p, Kept: api.KeptTemplate}) // NSPid and Comm: named
 	}
 	pc.procs = make([]*proctpl.Proc, len(pc.entries))
+	pc.seizeSpans = make([][3]time.Duration, len(pc.entries))
 	// One goroutine per process, round-robin over the tracer threads: the seizes of one
 	// checkpoint run in parallel, as its templates do (this is inside the frozen window).
 	var wg sync.WaitGroup
@@ -100,10 +106,13 @@ func (o *Orchestrator) seizeProcesses(s *session, procs []pool.Proc, noFallback 
 		go func() {
 			defer wg.Done()
 			e := &pc.entries[i]
-			start := e.Start
-			proc, err := o.tracer(i).Seize(e.Pid, func(pid int) error { return s.checkMember(pid, start) })
+			start, t0 := e.Start, time.Now()
+			var t1 time.Time
+			proc, err := o.tracer(i).Seize(e.Pid, func(pid int) error { err := s.checkMember(pid, start); t1 = time.Now(); return err })
+			t2 := time.Now()
 			if err == nil {
 				proc.Inspect() // frozen: what Wait would read after the thaw
+				pc.seizeSpans[i] = [3]time.Duration{t1.Sub(t0), t2.Sub(t1), time.Since(t2)}
 			} else {
 				e.Kept, e.Reason = api.KeptNone, err.Error()
 				if errors.Is(err, proctpl.ErrMultiThreaded) {
@@ -138,10 +147,13 @@ func (s *session) checkMember(pid int, start uint64) error {
 
 // templateProcesses makes the templates of the seized processes once the sandbox is thawed
 // and resumes every seized process, whatever fails (a failure is that process's Reason).
-// Processes on different tracer threads are done in parallel. It returns the templates by
-// entry host pid.
-func (o *Orchestrator) templateProcesses(ctx context.Context, pc *procCut) (*procCheckpoint, map[int]*proctpl.Template) {
+// Processes on different tracer threads are done in parallel, each in one request to its
+// thread (proctpl.Proc.Keep). It returns the templates by entry host pid and when the last
+// process was resumed; the per-process spans are logged after that, not between.
+func (o *Orchestrator) templateProcesses(ctx context.Context, pc *procCut) (*procCheckpoint, map[int]*proctpl.Template, time.Time) {
 	made := make([]*proctpl.Template, len(pc.procs))
+	kept := make([]proctpl.Kept, len(pc.procs))
+	started := time.Now()
 	var wg sync.WaitGroup
 	for i, p := range pc.procs {
 		if p == nil {
@@ -150,37 +162,37 @@ func (o *Orchestrator) templateProcesses(ctx context.Context, pc *procCut) (*pro
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			e := &pc.entries[i]
-			t0 := time.Now()
-			err := p.Wait()
-			t1 := time.Now()
-			var tp *proctpl.Template
-			if err == nil {
-				err = failpoint.Inject("checkpoint/template")
-			}
-			if err == nil {
-				tp, err = p.Template()
-			}
-			t2 := time.Now()
-			if rerr := p.Resume(); rerr != nil {
-				log.L(ctx).Warn("resume process after its template", "pid", p.Pid(), "error", rerr)
-			}
-			log.L(ctx).Debug("process template", "pid", p.Pid(), "wait", t1.Sub(t0), "template", t2.Sub(t1), "resume", time.Since(t2))
+			k, err := p.Keep(func() error { return failpoint.Inject("checkpoint/template") })
+			kept[i] = k
 			if err != nil {
+				e := &pc.entries[i]
 				e.Kept, e.Reason = api.KeptNone, err.Error()
 				return
 			}
-			made[i] = tp
+			made[i] = k.Template
 		}()
 	}
 	wg.Wait()
+	last := started
 	tpls := map[int]*proctpl.Template{}
 	for i, tp := range made {
+		k := kept[i]
+		if k.Resumed.After(last) {
+			last = k.Resumed
+		}
+		if pc.procs[i] == nil {
+			continue
+		}
+		if k.ResumeErr != nil {
+			log.L(ctx).Warn("resume process after its template", "pid", pc.procs[i].Pid(), "error", k.ResumeErr)
+		}
+		log.L(ctx).Debug("process template", "pid", pc.procs[i].Pid(), "wait", k.Stopped.Sub(started),
+			"template", k.Templated.Sub(k.Stopped), "resume", k.Resumed.Sub(k.Templated))
 		if tp != nil {
 			tpls[pc.entries[i].Pid] = tp
 		}
 	}
-	return &procCheckpoint{Procs: pc.entries}, tpls
+	return &procCheckpoint{Procs: pc.entries}, tpls, last
 }
 
 // exited reports whether pid is a zombie (it exited; its parent has not reaped it yet) or
@@ -526,12 +538,15 @@ func (o *Orchestrator) cutWithProcesses(out **procsPending, noFallback string) c
 		// The seizes (ptrace requests on the tracer threads) and the files' capture (this
 		// goroutine) run side by side: neither needs the other, both need the freeze.
 		var pc *procCut
+		var seizesDone time.Time
 		seizing := make(chan struct{})
 		go func() {
 			defer close(seizing)
 			pc = o.seizeProcesses(s, procs, noFallback)
+			seizesDone = time.Now()
 		}()
 		pending, err := o.capture(ctx, s, level, rec, procs)
+		captured := time.Now()
 		<-seizing
 		seized := time.Now()
 		if err == nil {
@@ -556,8 +571,7 @@ func (o *Orchestrator) cutWithProcesses(out **procsPending, noFallback string) c
 		named := make(chan struct{})
 		go func() {
 			defer close(pp.done)
-			ckpt, tpls := o.templateProcesses(ctx, pc)
-			resumed := time.Now()
+			ckpt, tpls, resumed := o.templateProcesses(ctx, pc)
 			<-named
 			for i := range ckpt.Procs { // names: read into the prediction below
 				e := &ckpt.Procs[i]
@@ -568,8 +582,11 @@ func (o *Orchestrator) cutWithProcesses(out **procsPending, noFallback string) c
 			}
 			pp.ckpt, pp.tpls, pp.frozen = ckpt, tpls, resumed.Sub(frozenAt)
 			log.L(ctx).Debug("checkpoint cut with processes", "sandbox", s.id, "checkpoint", rec.ID,
-				"freeze", frozenAt.Sub(start), "procs", listed.Sub(frozenAt), "seize_capture", seized.Sub(listed), "thaw", thawed.Sub(seized), "templates", resumed.Sub(thawed),
+				"freeze", frozenAt.Sub(start), "procs", listed.Sub(frozenAt), "seize_capture", seized.Sub(listed), "seizes", seizesDone.Sub(listed), "capture", captured.Sub(listed), "thaw", thawed.Sub(seized), "templates", resumed.Sub(thawed),
 				"processes", len(pc.entries), "templated", len(tpls))
+			for i, sp := range pc.seizeSpans {
+				log.L(ctx).Debug("process seized", "pid", pc.entries[i].Pid, "check", sp[0], "seize", sp[1], "inspect", sp[2])
+			}
 		}()
 		for i := range predicted {
 			predicted[i].NSPid, predicted[i].Comm = nsPidComm(predicted[i].Pid)

@@ -92,8 +92,16 @@ func (p *Proc) Wait() error {
 	if p.stopped {
 		return nil
 	}
+	return p.t.do(p.wait)
+}
+
+// wait is Wait on the tracer thread.
+func (p *Proc) wait() error {
+	if p.stopped {
+		return nil
+	}
 	pid := p.task.pid
-	err := p.t.do(func() error {
+	err := func() error {
 		deadline := time.Now().Add(StopTimeout)
 		for {
 			st, err := waitStopUntil(pid, deadline)
@@ -132,7 +140,7 @@ func (p *Proc) Wait() error {
 		var err error
 		p.task.sysAddr, err = syscallInVDSO(pid)
 		return err
-	})
+	}()
 	if err != nil || p.inspected {
 		return err
 	}
@@ -143,32 +151,45 @@ func (p *Proc) Wait() error {
 // Resume restores the process's registers and lets it run (detached), passing on a signal
 // it received while stopped.
 func (p *Proc) Resume() error {
+	return p.t.do(p.resume)
+}
+
+// resume is Resume on the tracer thread.
+func (p *Proc) resume() error {
 	defer unix.Close(p.pidfd)
-	return p.t.do(func() error {
-		if p.stopped {
-			if err := p.task.restore(); err != nil {
-				_ = ptraceDetach(p.task.pid, 0)
-				return err
-			}
+	if p.stopped {
+		if err := p.task.restore(); err != nil {
+			_ = ptraceDetach(p.task.pid, 0)
+			return err
 		}
-		sig := 0
-		if len(p.task.pending) > 0 {
-			sig = int(p.task.pending[0])
-		}
-		if err := ptraceDetach(p.task.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("resume process %d: %w", p.task.pid, err)
-		}
-		return nil
-	})
+	}
+	sig := 0
+	if len(p.task.pending) > 0 {
+		sig = int(p.task.pending[0])
+	}
+	if err := ptraceDetach(p.task.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("resume process %d: %w", p.task.pid, err)
+	}
+	return nil
 }
 
 // Template forks the stopped process into a template (see the package comment).
 func (p *Proc) Template() (*Template, error) {
+	var tp *Template
+	err := p.t.do(func() (err error) {
+		tp, err = p.template()
+		return err
+	})
+	return tp, err
+}
+
+// template is Template on the tracer thread.
+func (p *Proc) template() (*Template, error) {
 	if !p.stopped {
 		return nil, fmt.Errorf("process %d is not stopped: %w", p.task.pid, errdefs.ErrFailedPrecondition)
 	}
 	tp := &Template{t: p.t, Origin: p.task.pid, offsets: p.offsets, pidfd: -1}
-	err := p.t.do(func() error {
+	err := func() error {
 		c, dumpable, err := p.task.forkHidden()
 		if err != nil {
 			return err
@@ -186,11 +207,46 @@ func (p *Proc) Template() (*Template, error) {
 			return err
 		}
 		return nil
-	})
+	}()
 	if err != nil {
 		return nil, fmt.Errorf("template of process %d: %w", p.task.pid, err)
 	}
 	return tp, nil
+}
+
+// Kept is what Keep did with a seized process and when.
+type Kept struct {
+	Template *Template // nil when err is not
+	// Stopped, Templated and Resumed are when the process was found stopped, when its
+	// template was made (or failed) and when it ran again.
+	Stopped, Templated, Resumed time.Time
+	// ResumeErr is why the process could not be resumed (the template, if made, stands).
+	ResumeErr error
+}
+
+// Keep is Wait, Template and Resume in one request to the tracer thread: each request is a
+// hand-over to and from that locked thread (tens of microseconds each on a loaded VM),
+// paid while the process is stopped. before (nil: none) runs on the tracer thread once the
+// process stopped, and its error fails the template (a failpoint). The process is resumed
+// whatever fails; the error is the template's (a failed resume is k.ResumeErr).
+func (p *Proc) Keep(before func() error) (Kept, error) {
+	var k Kept
+	var err error
+	_ = p.t.do(func() error {
+		err = p.wait()
+		k.Stopped = time.Now()
+		if err == nil && before != nil {
+			err = before()
+		}
+		if err == nil {
+			k.Template, err = p.template()
+		}
+		k.Templated = time.Now()
+		k.ResumeErr = p.resume()
+		k.Resumed = time.Now()
+		return nil
+	})
+	return k, err
 }
 
 // suidDumpUser is PR_GET_DUMPABLE's "dumpable" (SUID_DUMP_USER): a process of the same

@@ -2,6 +2,7 @@ package proctpl
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -461,5 +462,56 @@ func TestArmedCopyStartsWithTheThaw(t *testing.T) {
 	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", c))
 	if !strings.Contains(string(status), "TracerPid:\t0") {
 		t.Fatalf("the copy is still traced:\n%s", status)
+	}
+}
+
+// TestKeep: Keep makes the template and resumes the process in one request (the process
+// runs on, a rollback to the template brings back its state), and a failing before hook
+// fails the template but still resumes the process, with no template process left.
+func TestKeep(t *testing.T) {
+	testutil.RequiresRoot(t)
+	tr := NewTracer()
+	r := startREPL(t)
+	r.eval(t, "x = 1")
+	pid := r.cmd.Process.Pid
+	p, err := tr.Seize(pid, noCheck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := p.Keep(nil)
+	if err != nil || k.ResumeErr != nil || k.Template == nil {
+		t.Fatalf("Keep: %+v, %v", k, err)
+	}
+	t.Cleanup(k.Template.Release)
+	if !(k.Stopped.After(time.Time{}) && !k.Templated.Before(k.Stopped) && !k.Resumed.Before(k.Templated)) {
+		t.Errorf("Keep's times out of order: %+v", k)
+	}
+	if got := r.eval(t, "x"); got != "1" { // resumed
+		t.Fatalf("x = %s after Keep, want 1", got)
+	}
+	r.eval(t, "x = 2")
+	c := rollback(t, k.Template, pid)
+	r.cmd.Process.Pid = c
+	if got := r.eval(t, "x"); got != "1" {
+		t.Fatalf("x = %s after a rollback to Keep's template, want 1", got)
+	}
+
+	var forked []int
+	testHookForked = func(child int) { forked = append(forked, child) }
+	defer func() { testHookForked = nil }()
+	p, err = tr.Seize(c, noCheck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := errors.New("refused by the hook")
+	k, err = p.Keep(func() error { return refused })
+	if !errors.Is(err, refused) || k.Template != nil || k.ResumeErr != nil {
+		t.Fatalf("Keep with a failing hook: %+v, %v; want the hook's error, no template, resumed", k, err)
+	}
+	if len(forked) != 0 {
+		t.Errorf("Keep forked %v although its hook failed", forked)
+	}
+	if got := r.eval(t, "x"); got != "1" {
+		t.Fatalf("x = %s after a failed Keep, want 1 (the process resumed)", got)
 	}
 }
