@@ -149,7 +149,7 @@ type fakeContainer struct {
 	spec                 *specs.Spec
 }
 
-func (c fakeContainer) ID() string                               { return c.id }
+func (c fakeContainer) ID() string                              { return c.id }
 func (c fakeContainer) Spec(context.Context) (*oci.Spec, error) { return c.spec, nil }
 
 func (p *fakeRestorePool) LeaseRestored(ctx context.Context, poolName string, req pool.LeaseRequest, restore pool.RestoreFunc) (pool.LeaseResult, error) {
