@@ -170,7 +170,7 @@ func mustMounts(t *testing.T) []*mountinfo.Info {
 func TestCRIUKeepsTheNodesCgroup2Flags(t *testing.T) {
 	e := newEnv(t)
 	if _, err := pool.FavorDynMods(); err != nil {
-		t.Skipf("this kernel has no favordynmods: %v", err)
+		testutil.SkipOrFail(t, "this kernel has no favordynmods: %v", err)
 	}
 	want := cgroup2Options(t)
 	yard, _ := newYard(t)
