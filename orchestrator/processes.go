@@ -47,16 +47,13 @@ type procCut struct {
 	seizeSpans [][3]time.Duration
 }
 
-// tracerThreads is how many ptrace threads the daemon runs: one per core, at most 4.
-func tracerThreads() int { return max(1, min(runtime.NumCPU(), 4)) }
-
 // tracer returns the i-th of the node's ptrace threads (modulo their number), started on
 // first use. There is one per core (at most 4): the processes of one checkpoint are seized
 // round-robin, so that their templates are made, and later their copies started, in
 // parallel (a template is traced by the thread that made it, for its whole life).
 func (o *Orchestrator) tracer(i int) *proctpl.Tracer {
 	o.tracerOnce.Do(func() {
-		for range tracerThreads() {
+		for range max(1, min(runtime.NumCPU(), 4)) {
 			o.ptrace = append(o.ptrace, proctpl.NewTracer())
 		}
 	})
