@@ -172,6 +172,7 @@ func Unpack(ctx context.Context, r io.Reader, dir string, opts ...UnpackOpt) err
 	defer zr.Close()
 	tr := tar.NewReader(zr)
 	var written int64
+	buf := make([]byte, unpackBuffer)
 	for n := 0; ; n++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -191,13 +192,39 @@ func Unpack(ctx context.Context, r io.Reader, dir string, opts ...UnpackOpt) err
 				hdr.Name, hdr.Size, lim.bytes, errdefs.ErrInvalidArgument)
 		}
 		written += hdr.Size
-		if err := unpackOne(tr, hdr, dir); err != nil {
+		if err := unpackOne(tr, hdr, dir, buf); err != nil {
 			return err
 		}
 	}
 }
 
-func unpackOne(tr *tar.Reader, hdr *tar.Header, dir string) error {
+// unpackBuffer is the size of Unpack's writes: on a tmpfs mounted with huge pages
+// (orchestrator's restore staging) a write of 1 MiB goes to large folios, and 50 MiB written
+// so take 17-21 ms and 9-11 ms to read back (CRIU's page reads), against 22 and 17 ms in
+// writes of 32 KiB; on ext4 it is no slower.
+const unpackBuffer = 1 << 20
+
+// copyFull copies size bytes from r to w in writes of len(buf) (the last one shorter),
+// however little each read returns (the zstd decoder returns a block at a time: *os.File's
+// ReadFrom and io.CopyBuffer would write each as it comes). A short r is io.ErrUnexpectedEOF.
+func copyFull(w io.Writer, r io.Reader, size int64, buf []byte) error {
+	for size > 0 {
+		n, err := io.ReadFull(r, buf[:min(int64(len(buf)), size)])
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write(buf[:n]); err != nil {
+			return err
+		}
+		size -= int64(n)
+	}
+	return nil
+}
+
+func unpackOne(tr *tar.Reader, hdr *tar.Header, dir string, buf []byte) error {
 	rel, err := safeRel(hdr.Name)
 	if err != nil {
 		return err
@@ -210,7 +237,7 @@ func unpackOne(tr *tar.Reader, hdr *tar.Header, dir string) error {
 		}
 		return nil
 	case tar.TypeReg:
-		return unpackFile(tr, target, hdr)
+		return unpackFile(tr, target, hdr, buf)
 	default:
 		return fmt.Errorf("unpack: entry %q has type %q: only regular files and directories are allowed: %w", hdr.Name, hdr.Typeflag, errdefs.ErrInvalidArgument)
 	}
@@ -225,7 +252,7 @@ func safeRel(name string) (string, error) {
 	return filepath.FromSlash(clean), nil
 }
 
-func unpackFile(tr *tar.Reader, target string, hdr *tar.Header) error {
+func unpackFile(tr *tar.Reader, target string, hdr *tar.Header, buf []byte) error {
 	if err := os.MkdirAll(filepath.Dir(target), 0o700); err != nil {
 		return fmt.Errorf("unpack %s: %w", hdr.Name, err)
 	}
@@ -233,7 +260,7 @@ func unpackFile(tr *tar.Reader, target string, hdr *tar.Header) error {
 	if err != nil {
 		return fmt.Errorf("unpack %s: %w", hdr.Name, err)
 	}
-	if _, err := io.CopyN(f, tr, hdr.Size); err != nil {
+	if err := copyFull(f, tr, hdr.Size, buf); err != nil {
 		f.Close()
 		return fmt.Errorf("unpack %s: %v: %w", hdr.Name, err, errdefs.ErrInvalidArgument)
 	}

@@ -9,9 +9,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/containerd/errdefs"
 	"github.com/klauspost/compress/zstd"
@@ -204,4 +206,33 @@ func dirBytes(t *testing.T, dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// chunkWriter records the size of each write.
+type chunkWriter struct{ sizes []int }
+
+func (w *chunkWriter) Write(p []byte) (int, error) {
+	w.sizes = append(w.sizes, len(p))
+	return len(p), nil
+}
+
+// copyFull writes whole buffers however little each read returns, and a short source is an
+// unexpected EOF, not a short file.
+func TestCopyFullWritesWholeBuffers(t *testing.T) {
+	data := bytes.Repeat([]byte("x"), 10_000)
+	var w chunkWriter
+	if err := copyFull(&w, iotest.OneByteReader(bytes.NewReader(data)), int64(len(data)), make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{4096, 4096, 1808}; !slices.Equal(w.sizes, want) {
+		t.Fatalf("writes %v, want %v", w.sizes, want)
+	}
+	err := copyFull(&chunkWriter{}, bytes.NewReader(data[:100]), 200, make([]byte, 64))
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("a short source: %v, want io.ErrUnexpectedEOF", err)
+	}
+	err = copyFull(&chunkWriter{}, bytes.NewReader(nil), 1, make([]byte, 64))
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("an empty source: %v, want io.ErrUnexpectedEOF", err)
+	}
 }

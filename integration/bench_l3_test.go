@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -22,11 +23,15 @@ while True:
 // a user namespace (l3-restore-no-userns), where the restore is lazy when lazy_restore is on
 // (criu.WithLazyPages; in a user-namespaced pool only when the host sets
 // vm.unprivileged_userfaultfd = 1).
-// DELTABOX_BENCH_LAZY=1 runs the daemon with lazy_restore = true (default false).
+// DELTABOX_BENCH_LAZY=1 runs the daemon with lazy_restore = true (default false), and
+// DELTABOX_BENCH_RESTORE_MEMORY=SIZE with restore_memory = SIZE ("0": restores stage on disk).
 func BenchmarkL3SnapshotRestore(b *testing.B) {
-	extra := ""
+	extra := "[snapshots]\n"
 	if os.Getenv("DELTABOX_BENCH_LAZY") == "1" {
-		extra = "[snapshots]\nlazy_restore = true\n"
+		extra += "lazy_restore = true\n"
+	}
+	if v := os.Getenv("DELTABOX_BENCH_RESTORE_MEMORY"); v != "" {
+		extra += fmt.Sprintf("restore_memory = %q\n", v)
 	}
 	d := startDaemonWith(b, extra)
 	d.createPool("py", pythonImage, 1, "--max", "64")

@@ -84,7 +84,8 @@ func (d *daemon) checkNoPush(id string) {
 }
 
 // checkNoRestore asserts that an interrupted restore left nothing: no new sandbox listed, no
-// fetched snapshot or CRIU work dir, no containerd container beyond the containers before.
+// fetched snapshot (on disk or in memory) or CRIU work dir, no containerd container beyond
+// the containers before.
 func (d *daemon) checkNoRestore(before map[string]bool, containers int) {
 	d.t.Helper()
 	for sb := range d.sandboxIDs() {
@@ -92,7 +93,7 @@ func (d *daemon) checkNoRestore(before map[string]bool, containers int) {
 			d.t.Fatalf("interrupted restore left sandbox %s listed", sb)
 		}
 	}
-	for _, sub := range []string{"restore", "criu-work"} {
+	for _, sub := range []string{"restore", "restore-mem", "criu-work"} {
 		testutil.WaitFor(d.t, 10*time.Second, 20*time.Millisecond, sub+" to be empty", func() bool {
 			left, err := os.ReadDir(filepath.Join(d.root, sub))
 			return (err == nil || os.IsNotExist(err)) && len(left) == 0

@@ -76,7 +76,7 @@ func startDaemonOn(t testing.TB, e env, extraConfig string, extraArgs ...string)
 	if err := os.WriteFile(cfg, []byte(d.net.toml()+"\n"+withTestDisk(extraConfig)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { destroyNodeContainers(t, e, d.root); d.net.uninstall(t) })
+	t.Cleanup(func() { destroyNodeContainers(t, e, d.root); unmountRestoreArea(d.root); d.net.uninstall(t) })
 	d.args = append([]string{"--config", cfg}, extraArgs...)
 	d.start()
 	t.Cleanup(d.stop)
@@ -201,6 +201,12 @@ func runCLI(bin string, args ...string) (string, string, int) {
 
 // shortTempDir returns a temp dir with a short path (unix socket paths are limited to 107
 // bytes) that other users may traverse, removed at the end of the test.
+// unmountRestoreArea detaches the tmpfs a daemon stages restores on, which a daemon stopped
+// cleanly unmounts itself and one killed leaves.
+func unmountRestoreArea(root string) {
+	_ = syscall.Unmount(filepath.Join(root, "restore-mem"), syscall.MNT_DETACH)
+}
+
 func shortTempDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "dbx")

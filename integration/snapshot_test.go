@@ -16,6 +16,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/internal/testutil"
 	"github.com/deltabox/deltabox/objectstore/s3test"
@@ -160,6 +161,7 @@ func TestSnapshotPushRestoreAndFork(t *testing.T) {
 		t.Fatalf("restore gave %+v", l)
 	}
 	checkContinues(t, d, l.ID, before, after+restoreSlack)
+	checkStagedInMemory(t, d)
 	var snaps []api.Snapshot
 	d.cliJSON(&snaps, "snapshot", "ls")
 	if len(snaps) != 1 || snaps[0].Name != snap.Name {
@@ -182,6 +184,36 @@ func TestSnapshotPushRestoreAndFork(t *testing.T) {
 	d.cliJSON(&snaps, "snapshot", "ls")
 	if len(snaps) != 0 {
 		t.Errorf("after rm: %+v", snaps)
+	}
+	d.stop() // a clean stop unmounts the restores' tmpfs
+	if _, err := os.Stat(filepath.Join(d.root, "restore-mem")); !os.IsNotExist(err) {
+		t.Errorf("after the daemon stopped <root>/restore-mem: %v, want it unmounted and gone", err)
+	}
+}
+
+// checkStagedInMemory checks that the daemon's restores staged their downloads on its
+// tmpfs (<root>/restore-mem) and left nothing there.
+func checkStagedInMemory(t *testing.T, d *daemon) {
+	t.Helper()
+	mem := filepath.Join(d.root, "restore-mem")
+	var staged int
+	for _, line := range strings.Split(d.logs.String(), "\n") {
+		if strings.Contains(line, `msg="snapshot fetched"`) {
+			if !strings.Contains(line, " dir="+mem+"/") {
+				t.Errorf("a restore staged outside %s: %s", mem, line)
+			}
+			staged++
+		}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(mem, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		t.Errorf("%s: fs %#x, %v; want a tmpfs", mem, st.Type, err)
+	}
+	if entries, err := os.ReadDir(mem); err != nil || len(entries) != 0 {
+		t.Errorf("the restores left %v in %s (%v)", entries, mem, err)
+	}
+	if staged == 0 {
+		t.Error(`no "snapshot fetched" in the daemon's log`)
 	}
 }
 

@@ -86,7 +86,14 @@ type SnapshotOptions struct {
 	// LazyRestore restores processes' memory lazily where the kernel allows it
 	// (criu.WithLazyPages).
 	LazyRestore bool
+	// RestoreMemory bounds the tmpfs restores stage the snapshots they download on
+	// (restore_area.go; 0: DefaultRestoreMemory, negative: on disk only; with LazyRestore
+	// restores stage on disk).
+	RestoreMemory int64
 }
+
+// DefaultRestoreMemory bounds the tmpfs of restore staging by default.
+const DefaultRestoreMemory = 1 << 30
 
 func (o *Options) setDefaults() {
 	if o.Root == "" {
@@ -149,6 +156,7 @@ type Orchestrator struct {
 	// (criu.PrepareCgroupYard; "" when it could not be made).
 	cgroupYard string
 	closers    []func() error
+	restores   restoreArea // where restores stage what they download
 	effects    Effects
 	signer     *snapsign.Signer   // signs the manifests this node pushes
 	trust      *snapsign.Verifier // keys whose snapshots this node restores
@@ -241,6 +249,15 @@ func (o *Orchestrator) start(ctx context.Context) (err error) {
 	}
 	if o.sdkDir, err = installSDK(o.opts.Root); err != nil {
 		return err
+	}
+	o.restores = restoreArea{root: o.opts.Root, limit: o.opts.Snapshots.RestoreMemory}
+	switch {
+	case o.opts.Snapshots.LazyRestore:
+		// A lazy restore's page server hard-links the images into the CRIU work dir
+		// (criu.WithLazyPages), on the state root's file system: they stage there too.
+		o.restores.limit = -1
+	case o.restores.limit == 0:
+		o.restores.limit = DefaultRestoreMemory
 	}
 	work := filepath.Join(o.opts.Root, "criu-work")
 	if err := os.MkdirAll(work, 0o700); err != nil {
@@ -338,7 +355,7 @@ func (o *Orchestrator) Close(ctx context.Context) error {
 		<-s.ready
 		errs = append(errs, s.frz.Thaw(), s.close())
 	}
-	errs = append(errs, o.client.Close())
+	errs = append(errs, o.restores.close(), o.client.Close())
 	return errors.Join(errs...)
 }
 

@@ -77,30 +77,33 @@ type download struct {
 	ctx    context.Context // the download's own, cancelled by close
 	cancel context.CancelFunc
 	done   chan struct{}
-	err    error // set before done is closed
+	staged func() // gives the staging's room back (restoreArea.stage)
+	err    error  // set before done is closed
 }
 
 // startDownload makes the restore's temp dir and starts downloading src's blobs into it,
 // every blob verified against its digest; the caller must close the download.
 func (o *Orchestrator) startDownload(ctx context.Context, src snapshotSource, emit Emit) (*download, error) {
-	base := filepath.Join(o.opts.Root, "restore")
+	base, staged := o.restores.stage(ctx, src.stagedBytes())
 	if err := os.MkdirAll(base, 0o700); err != nil {
+		staged()
 		return nil, err
 	}
 	dir, err := os.MkdirTemp(base, src.name+"-")
 	if err != nil {
+		staged()
 		return nil, err
 	}
 	f := &fetched{dir: dir, cfg: src.cfg, uri: src.uri, images: filepath.Join(dir, "images"), rootfs: filepath.Join(dir, "rootfs.tar.zst")}
 	ctx, cancel := context.WithCancel(ctx)
-	d := &download{f: f, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	d := &download{f: f, ctx: ctx, cancel: cancel, done: make(chan struct{}), staged: staged}
 	go func() {
 		defer close(d.done)
 		start := time.Now()
 		if d.err = f.download(d.ctx, src.cas, src.m, emit); d.err == nil {
 			d.err = failpoint.Inject("restore/fetched")
 		}
-		log.L(d.ctx).Debug("snapshot fetched", "uri", f.uri, "duration", time.Since(start), "error", d.err)
+		log.L(d.ctx).Debug("snapshot fetched", "uri", f.uri, "duration", time.Since(start), "dir", dir, "error", d.err)
 	}()
 	return d, nil
 }
@@ -131,6 +134,18 @@ func (d *download) close() {
 	if err := os.RemoveAll(d.f.dir); err != nil {
 		log.L(context.Background()).Warn("remove a restore's temp dir", "path", d.f.dir, "error", err)
 	}
+	d.staged()
+}
+
+// stagedBytes bounds what a restore of src writes to its staging: the CRIU images unpacked
+// (each file rounded up to a page, as a tmpfs stores it) and every blob of the manifest as
+// downloaded (the images' own blob included, which is not staged: an overestimate).
+func (src snapshotSource) stagedBytes() int64 {
+	n := src.cfg.CRIU.UnpackedBytes + int64(src.cfg.CRIU.Entries)*4096
+	for _, l := range src.m.Layers {
+		n += l.Size
+	}
+	return n
 }
 
 // download fetches the blobs in the order a restore uses them: the CRIU images, the rootfs

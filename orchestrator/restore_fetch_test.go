@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/criu"
 	"github.com/deltabox/deltabox/objectstore"
@@ -84,6 +85,10 @@ func newRestoreFixture(t *testing.T) *restoreFixture {
 		t.Fatal(err)
 	}
 	o := &Orchestrator{opts: Options{Root: t.TempDir(), ObjectStoreURI: "file://" + storeDir}, criu: status, trust: snapsign.NewVerifier(pub)}
+	if os.Geteuid() == 0 { // as the daemon does: stage in memory (restore_area.go)
+		o.restores = restoreArea{root: o.opts.Root, limit: 64 << 20}
+		t.Cleanup(func() { _ = o.restores.close() })
+	}
 	src, err := o.openSnapshot(ctx, "sb-1-3")
 	if err != nil {
 		t.Fatal(err)
@@ -118,16 +123,24 @@ func (fx *restoreFixture) corrupt(t *testing.T, title string) {
 	t.Fatalf("no blob %s", title)
 }
 
-// restoreLeftovers lists what the restore left in its temp dirs.
+// restoreLeftovers lists what the restore left in its temp dirs (on disk and in memory)
+// and fails if it kept any of the tmpfs reserved.
 func (fx *restoreFixture) restoreLeftovers(t *testing.T) []string {
 	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(fx.o.opts.Root, "restore"))
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
 	var left []string
-	for _, e := range entries {
-		left = append(left, e.Name())
+	for _, sub := range []string{restoreDiskDir, restoreMemDir} {
+		entries, err := os.ReadDir(filepath.Join(fx.o.opts.Root, sub))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			left = append(left, sub+"/"+e.Name())
+		}
+	}
+	fx.o.restores.mu.Lock()
+	defer fx.o.restores.mu.Unlock()
+	if fx.o.restores.reserved != 0 {
+		t.Errorf("the restore ended with %d bytes of the tmpfs still reserved", fx.o.restores.reserved)
 	}
 	return left
 }
@@ -239,6 +252,13 @@ func TestRestoreDownloadsBesideCreate(t *testing.T) {
 	}
 	if string(f.state) == "" || f.rootfsSize <= 0 {
 		t.Fatalf("state %q, rootfs size %d: the download was not complete", f.state, f.rootfsSize)
+	}
+	if os.Geteuid() == 0 { // staged in memory, on the restores' tmpfs
+		var st unix.Statfs_t
+		if err := unix.Statfs(f.images, &st); err != nil || st.Type != unix.TMPFS_MAGIC ||
+			filepath.Dir(f.dir) != filepath.Join(fx.o.opts.Root, restoreMemDir) {
+			t.Fatalf("the images are in %s (fs %#x, %v), want them on the tmpfs %s", f.images, st.Type, err, restoreMemDir)
+		}
 	}
 	dl.close()
 	if left := fx.restoreLeftovers(t); len(left) != 0 {

@@ -33,7 +33,7 @@ func (o *Orchestrator) sweep(ctx context.Context, leased map[string]bool) {
 	if len(gone) > 0 {
 		go o.forgetJournals(context.WithoutCancel(ctx), gone)
 	}
-	for _, sub := range []string{"restore", "criu-work"} {
+	for _, sub := range []string{restoreDiskDir, restoreMemDir, "criu-work"} {
 		entries, _ := os.ReadDir(filepath.Join(o.opts.Root, sub))
 		for _, e := range entries {
 			p := filepath.Join(o.opts.Root, sub, e.Name())

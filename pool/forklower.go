@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/internal/log"
+	"github.com/deltabox/deltabox/internal/tmpfs"
 )
 
 // Fork lowers: a checkpoint shared by several new sandboxes as a read-only overlay layer
@@ -198,14 +199,12 @@ func (m *Manager) inMemory(ctx context.Context, root string, size int64) bool {
 		log.L(ctx).Warn("in-memory fork layers unavailable: layers go to disk", "dir", dir, "error", err)
 		return false
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return false
-	}
-	return int64(st.Bavail)*st.Bsize >= 2*size // room for writes under way
+	free, err := tmpfs.Free(dir)
+	return err == nil && free >= 2*size // room for writes under way
 }
 
-// mountForkTmpfs mounts a tmpfs of limit bytes on dir unless one is there.
+// mountForkTmpfs mounts a tmpfs of limit bytes on dir unless one is there, under a lock on
+// root the daemons of the host share.
 func mountForkTmpfs(root, dir string, limit int64) error {
 	lock, err := os.OpenFile(filepath.Join(root, forkLowersDir+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -215,31 +214,7 @@ func mountForkTmpfs(root, dir string, limit int64) error {
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	var rst, dst unix.Stat_t
-	if err := unix.Stat(root, &rst); err != nil {
-		return err
-	}
-	if err := unix.Stat(dir, &dst); err != nil {
-		return err
-	}
-	if dst.Dev != rst.Dev { // a mount of its own already
-		var fs unix.Statfs_t
-		if err := unix.Statfs(dir, &fs); err != nil {
-			return err
-		}
-		if fs.Type != unix.TMPFS_MAGIC {
-			return fmt.Errorf("%s is a mount point, not a tmpfs: %w", dir, errdefs.ErrFailedPrecondition)
-		}
-		return nil
-	}
-	opts := fmt.Sprintf("size=%d,mode=0700", limit)
-	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount tmpfs on %s: %w", dir, err)
-	}
-	return nil
+	return tmpfs.Ensure(dir, limit, 0, false) // the layers hold the sandbox's programs: exec stays
 }
 
 // ForkLowers lists the shared fork layers (for tests and operators).

@@ -116,6 +116,10 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 	if err != nil {
 		return err
 	}
+	restoreMem, err := cfg.Snapshots.RestoreMemoryBytes()
+	if err != nil {
+		return err
+	}
 	hugeBudget, err := cfg.Checkpoints.HugePagesBudgetDuration()
 	if err != nil {
 		return err
@@ -138,7 +142,7 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 		Egress: egressOptions(cfg.Egress), ForkLayerMemory: forkLayerMem,
 		Snapshots: orchestrator.SnapshotOptions{SigningKey: cfg.Snapshots.SigningKey, TrustedKeys: cfg.Snapshots.TrustedKeys,
 			RestoreTimeout: cfg.Snapshots.RestoreTimeout.Duration, DumpTimeout: cfg.Snapshots.DumpTimeout.Duration,
-			LazyRestore: cfg.Snapshots.LazyRestore},
+			LazyRestore: cfg.Snapshots.LazyRestore, RestoreMemory: restoreMem},
 	})
 	if err != nil {
 		return err

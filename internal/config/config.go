@@ -147,6 +147,18 @@ type Snapshots struct {
 	RestoreTimeout Duration `toml:"restore_timeout"`
 	DumpTimeout    Duration `toml:"dump_timeout"`
 	LazyRestore    bool     `toml:"lazy_restore"`
+	// RestoreMemory bounds the tmpfs restores stage the snapshots they download on (a size
+	// such as 1g; "": 1 GiB; "0": staging on disk only).
+	RestoreMemory string `toml:"restore_memory"`
+}
+
+// RestoreMemoryBytes returns snapshots.restore_memory in bytes: 0 for the default, -1 for
+// none (staging on disk only).
+func (s Snapshots) RestoreMemoryBytes() (int64, error) {
+	if strings.TrimSpace(s.RestoreMemory) == "0" {
+		return -1, nil
+	}
+	return parseSize("snapshots.restore_memory", s.RestoreMemory)
 }
 
 // Duration is a time.Duration written as a Go duration string ("90s", "2m").
@@ -391,6 +403,9 @@ func (c Config) validate(name string) error {
 			name, c.Checkpoints.StepRecords, c.Checkpoints.StepOutputBytes, errdefs.ErrInvalidArgument)
 	}
 	if _, err := c.Checkpoints.ForkLayerMemoryBytes(); err != nil {
+		return fmt.Errorf("config %s: %w", name, err)
+	}
+	if _, err := c.Snapshots.RestoreMemoryBytes(); err != nil {
 		return fmt.Errorf("config %s: %w", name, err)
 	}
 	if c.Checkpoints.RetainBranch < 0 {

@@ -158,19 +158,31 @@ func TestSnapshotTimeouts(t *testing.T) {
 	}
 }
 
-func TestForkLayerMemory(t *testing.T) {
-	for v, want := range map[string]int64{`""`: 0, `"0"`: -1, `"2g"`: 2 << 30} {
-		c, err := Parse([]byte("version = 1\n[checkpoints]\nfork_layer_memory = "+v+"\n"), "t.toml")
-		if err != nil {
-			t.Fatalf("%s: %v", v, err)
+// TestMemoryAreaSizes covers the sizes of the in-memory areas ("": default, "0": none).
+func TestMemoryAreaSizes(t *testing.T) {
+	for _, area := range []struct {
+		section, key string
+		get          func(Config) (int64, error)
+	}{
+		{"checkpoints", "fork_layer_memory", func(c Config) (int64, error) { return c.Checkpoints.ForkLayerMemoryBytes() }},
+		{"snapshots", "restore_memory", func(c Config) (int64, error) { return c.Snapshots.RestoreMemoryBytes() }},
+	} {
+		doc := func(v string) []byte {
+			return []byte("version = 1\n[" + area.section + "]\n" + area.key + " = " + v + "\n")
 		}
-		if got, err := c.Checkpoints.ForkLayerMemoryBytes(); err != nil || got != want {
-			t.Errorf("fork_layer_memory = %s: %d %v, want %d", v, got, err, want)
+		for v, want := range map[string]int64{`""`: 0, `"0"`: -1, `"2g"`: 2 << 30} {
+			c, err := Parse(doc(v), "t.toml")
+			if err != nil {
+				t.Fatalf("%s = %s: %v", area.key, v, err)
+			}
+			if got, err := area.get(c); err != nil || got != want {
+				t.Errorf("%s = %s: %d %v, want %d", area.key, v, got, err, want)
+			}
 		}
-	}
-	_, err := Parse([]byte("version = 1\n[checkpoints]\nfork_layer_memory = \"lots\"\n"), "t.toml")
-	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "checkpoints.fork_layer_memory") {
-		t.Errorf("a bad size: %v", err)
+		_, err := Parse(doc(`"lots"`), "t.toml")
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), area.section+"."+area.key) {
+			t.Errorf("%s: a bad size: %v", area.key, err)
+		}
 	}
 }
 

@@ -140,6 +140,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("decode %s %s response: %w", method, path, err)
 	}
+	// Read to the end (the encoder's newline, a chunked body's trailer): a body closed
+	// before its end closes the connection instead of returning it for the next request.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	return nil
 }
 
