@@ -98,8 +98,12 @@ func withTestDisk(config string) string {
 
 func (d *daemon) start() {
 	d.t.Helper()
+	level := "debug" // the spans tests and benchmark analyses read
+	if v := os.Getenv("DELTABOX_TEST_LOG_LEVEL"); v != "" {
+		level = v
+	}
 	args := append([]string{"daemon", "--root", d.root, "--address", d.address,
-		"--containerd-address", d.env.containerd, "--log-level", "debug"}, d.args...)
+		"--containerd-address", d.env.containerd, "--log-level", level}, d.args...)
 	d.logs = &testutil.SyncBuffer{} // written by the command's copier while tests read it
 	d.cmd = exec.Command(d.env.bin, args...)
 	d.cmd.Env = append(os.Environ(), d.extra...)
