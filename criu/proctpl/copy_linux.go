@@ -59,7 +59,7 @@ func (tp *Template) Prefork(park func(pid int) error) error {
 			_, _ = waitExit(c)
 			return err
 		}
-		tp.spare = &task{pid: c, regs: tp.task.regs, sysAddr: tp.task.sysAddr, dropSignals: true}
+		tp.spare = &task{pid: c, regs: tp.task.regs, sysAddr: tp.task.sysAddr, dropSignals: true, step: tp.task.step}
 		tp.spareFd = fd
 		tp.sparePid.Store(int64(c))
 		tp.parked = park != nil && park(c) == nil
@@ -188,7 +188,7 @@ func (tp *Template) Copy() (int, error) {
 			if err != nil {
 				return err
 			}
-			cp = task{pid: c, regs: tp.task.regs, sysAddr: tp.task.sysAddr, dropSignals: true}
+			cp = task{pid: c, regs: tp.task.regs, sysAddr: tp.task.sysAddr, dropSignals: true, step: tp.task.step}
 		}
 		c := cp.pid
 		if err := tp.prepare(&cp); err != nil {

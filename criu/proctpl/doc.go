@@ -13,8 +13,11 @@
 // number, or restart_syscall for ERESTART_RESTARTBLOCK), so that whoever resumes from the
 // saved registers re-enters the call. A fork is injected at a syscall instruction found in the
 // process's vDSO (any process, even one that makes no system calls): the registers are set to
-// clone(CLONE_PARENT|SIGCHLD) at that address, the call runs under PTRACE_SYSCALL, and the
-// child, auto-attached and stopped, gets the saved registers. That child is the template:
+// clone(CLONE_PARENT|SIGCHLD) at that address, the call runs under PTRACE_SINGLESTEP (one
+// stop, at the single-step trap the kernel forces on the call's return, which the tracer
+// takes and never delivers; under PTRACE_SYSCALL, a stop at entry and one at exit, for a
+// process that blocks or ignores SIGTRAP, whose signal state the forced trap would reset),
+// and the child, auto-attached and stopped, gets the saved registers. That child is the template:
 // it shares every page with the original copy-on-write and is kept stopped by the tracer. It
 // is born non-dumpable (the original is made non-dumpable for the clone by injected prctls
 // and gets its flag back at once: the sandbox runs while templates are made, and a template

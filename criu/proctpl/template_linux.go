@@ -195,7 +195,7 @@ func (p *Proc) template() (*Template, error) {
 			return err
 		}
 		tp.dumpable = dumpable
-		tp.task = task{pid: c, regs: p.task.regs, sysAddr: p.task.sysAddr, dropSignals: true,
+		tp.task = task{pid: c, regs: p.task.regs, sysAddr: p.task.sysAddr, dropSignals: true, step: p.task.step,
 			pending: slices.Clone(p.task.pending)}
 		if tp.pidfd, err = unix.PidfdOpen(c, 0); err != nil {
 			_ = unix.Kill(c, unix.SIGKILL)
