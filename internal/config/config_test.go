@@ -201,3 +201,47 @@ func TestHugePagesBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultTextDocumentsEveryKey: every key the daemon reads is in default.toml
+// (`deltabox config default`), set to its default and commented.
+func TestDefaultTextDocumentsEveryKey(t *testing.T) {
+	var missing []string
+	var walk func(prefix string, typ reflect.Type)
+	walk = func(prefix string, typ reflect.Type) {
+		for i := 0; i < typ.NumField(); i++ {
+			f := typ.Field(i)
+			key, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+			if key == "" || key == "-" {
+				continue
+			}
+			ft := f.Type
+			if ft.Kind() == reflect.Struct && ft != reflect.TypeOf(Duration{}) {
+				walk(prefix+key+".", ft)
+				continue
+			}
+			if !documented(DefaultText(), strings.TrimSuffix(prefix, "."), key) {
+				missing = append(missing, prefix+key)
+			}
+		}
+	}
+	walk("", reflect.TypeOf(Config{}))
+	if len(missing) > 0 {
+		t.Fatalf("default.toml does not set %v", missing)
+	}
+}
+
+// documented reports whether text sets key in [section] ("" for the top level).
+func documented(text, section, key string) bool {
+	cur := ""
+	for _, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]") {
+			cur = strings.Trim(line, "[]")
+			continue
+		}
+		if cur == section && strings.HasPrefix(line, key+" =") {
+			return true
+		}
+	}
+	return false
+}
