@@ -35,9 +35,7 @@ func TestInjectKeepsSignalState(t *testing.T) {
 		{"blocked", "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTRAP])", stepSyscall},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := startREPL(t)
-			r.eval(t, "import signal; traps = [0]")
-			r.eval(t, "def on_trap(s, f): traps[0] += 1")
+			r := trapREPL(t)
 			r.eval(t, c.setup)
 			before := r.eval(t, sigState)
 			kernel := trapBits(t, r.cmd.Process.Pid)
@@ -73,6 +71,28 @@ func TestInjectKeepsSignalState(t *testing.T) {
 	}
 }
 
+// trapREPL is a REPL with on_trap, a SIGTRAP handler counting in traps[0].
+func trapREPL(t *testing.T) *repl {
+	t.Helper()
+	r := startREPL(t)
+	r.eval(t, "import signal; traps = [0]")
+	r.eval(t, "def on_trap(s, f): traps[0] += 1")
+	return r
+}
+
+// stopped seizes pid and waits for it to stop for the tracer.
+func stopped(t testing.TB, tr *Tracer, pid int) *Proc {
+	t.Helper()
+	p, err := tr.Seize(pid, noCheck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // trapBits is the kernel's view of pid's SIGTRAP (/proc/PID/stat): blocked, ignored, caught.
 func trapBits(t *testing.T, pid int) string {
 	t.Helper()
@@ -98,22 +118,14 @@ func trapBits(t *testing.T, pid int) string {
 func TestInjectTellsASentSIGTRAPFromItsTrap(t *testing.T) {
 	testutil.RequiresRoot(t)
 	tr := NewTracer()
-	r := startREPL(t)
-	r.eval(t, "import signal; traps = [0]")
-	r.eval(t, "def on_trap(s, f): traps[0] += 1")
+	r := trapREPL(t)
 	r.eval(t, "signal.signal(signal.SIGTRAP, on_trap)")
 	pid := r.cmd.Process.Pid
-	p, err := tr.Seize(pid, noCheck)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	p := stopped(t, tr, pid)
 	if err := unix.Kill(pid, unix.SIGTRAP); err != nil {
 		t.Fatal(err)
 	}
-	err = tr.do(func() error {
+	err := tr.do(func() error {
 		for i := 0; i < 3; i++ {
 			ret, _, err := p.task.inject(unix.SYS_GETPID)
 			if err != nil {
@@ -150,15 +162,9 @@ func BenchmarkInject(b *testing.B) {
 	tr := NewTracer()
 	r := startREPL(b)
 	pid := r.cmd.Process.Pid
-	p, err := tr.Seize(pid, noCheck)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := p.Wait(); err != nil {
-		b.Fatal(err)
-	}
+	p := stopped(b, tr, pid)
 	d := map[stepMode][]time.Duration{}
-	err = tr.do(func() error { // alternated: the placement of the two on the CPUs moves in time
+	err := tr.do(func() error { // alternated: the placement of the two on the CPUs moves in time
 		for i := 0; i < b.N; i++ {
 			for _, mode := range []stepMode{stepTrap, stepSyscall} {
 				p.task.step = mode
