@@ -15,11 +15,13 @@ import (
 // Where a restore stages the blobs it downloads (the unpacked CRIU images, the rootfs diff,
 // the state document): in memory, on a tmpfs of [snapshots] restore_memory bytes mounted at
 // <root>/restore-mem on the first restore, when the snapshot fits what the restores under
-// way left of it; otherwise on disk, under <root>/restore. Written once and read once by
-// CRIU within a second, the 50 MiB of a typical snapshot's images cost ~45 ms to write to a
-// tmpfs and ~65 ms to ext4 on the machines of docs/benchmarks.md, and the download is the
-// restore's critical path (docs/snapshot-format.md). The staging is removed when the
-// restore ends either way (download.close), so the tmpfs holds only restores under way.
+// way left of it; otherwise on disk, under <root>/restore. The download is the restore's
+// critical path (docs/snapshot-format.md), and its writes are what a tmpfs saves: the 50 MiB
+// of a benchmark snapshot's images download and unpack in 69-76 ms there against 108-110 on
+// ext4 (docs/benchmarks.md, Session 14). The tmpfs has huge pages on (criu.Unpack writes in
+// 1 MiB writes to fill them): from its 4 KiB pages CRIU's read of the images was slower
+// than from ext4's page cache. The staging is removed when the restore ends either way
+// (download.close), so the tmpfs holds only restores under way.
 
 const (
 	restoreDiskDir = "restore"
