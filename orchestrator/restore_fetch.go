@@ -232,7 +232,11 @@ func fetch(ctx context.Context, cas *objectstore.CAS, d ocispec.Descriptor, emit
 		return fmt.Errorf("download %s: %w", title, err)
 	}
 	defer r.Close()
-	pr := &progressReader{r: r, emit: emit, p: api.Progress{Phase: "download", Blob: title, Total: d.Size}}
+	// No more than the signed manifest's size of it, whatever the store sends: a stream that
+	// does not end would otherwise fill the staging (and, in memory, starve the restores
+	// beside it) before its digest could be checked at its end.
+	sized := &boundedReader{r: r, n: d.Size, what: "blob " + title, past: "is longer than the manifest says"}
+	pr := &progressReader{r: sized, emit: emit, p: api.Progress{Phase: "download", Blob: title, Total: d.Size}}
 	if err := consume(pr); err != nil {
 		return fmt.Errorf("download %s (%s): %w", title, d.Digest, err)
 	}

@@ -99,6 +99,12 @@ func newRestoreFixture(t *testing.T) *restoreFixture {
 // corrupt replaces the blob titled title with other bytes of the same size.
 func (fx *restoreFixture) corrupt(t *testing.T, title string) {
 	t.Helper()
+	fx.rewrite(t, title, func(data []byte) []byte { data[len(data)/2] ^= 0xff; return data })
+}
+
+// rewrite replaces the stored blob titled title with what change makes of it.
+func (fx *restoreFixture) rewrite(t *testing.T, title string, change func([]byte) []byte) {
+	t.Helper()
 	ctx := context.Background()
 	for _, d := range fx.src.m.Layers {
 		if d.Annotations[annotationTitle] != title {
@@ -114,7 +120,7 @@ func (fx *restoreFixture) corrupt(t *testing.T, title string) {
 		}
 		data, _ := io.ReadAll(r)
 		r.Close()
-		data[len(data)/2] ^= 0xff
+		data = change(data)
 		if err := fx.store.Put(ctx, key, bytes.NewReader(data), int64(len(data))); err != nil {
 			t.Fatal(err)
 		}
@@ -308,6 +314,30 @@ func TestRestoreCorruptBlobBesideCreate(t *testing.T) {
 		if ph == "restore" {
 			t.Errorf("progress %v: a restore phase without the snapshot", phases)
 		}
+	}
+}
+
+// TestRestoreRefusesABlobLongerThanItsManifest: a store that sends more of a blob than the
+// signed manifest's size (here 32 MiB more, as a stream that never ends would) fails the
+// download as soon as the size is passed, naming the blob, before its digest is checked at
+// its end, and leaves nothing staged.
+func TestRestoreRefusesABlobLongerThanItsManifest(t *testing.T) {
+	fx := newRestoreFixture(t)
+	fx.rewrite(t, "rootfs.tar.zst", func(data []byte) []byte { return append(data, make([]byte, 32<<20)...) })
+	dl, err := fx.o.startDownload(context.Background(), fx.src, func(api.Progress) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = dl.wait(context.Background())
+	dl.close()
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "blob rootfs.tar.zst is longer than the manifest says") {
+		t.Fatalf("download of a blob longer than its manifest: %v, want invalid_argument naming it", err)
+	}
+	if errors.Is(err, objectstore.ErrDigestMismatch) {
+		t.Errorf("the length was caught by the digest at the end, not by the size: %v", err)
+	}
+	if left := fx.restoreLeftovers(t); len(left) != 0 {
+		t.Errorf("the restore's temp dir is left: %v", left)
 	}
 }
 

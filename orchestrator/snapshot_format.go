@@ -290,13 +290,18 @@ type boundedReader struct {
 	r    io.Reader
 	n    int64
 	what string
+	past string // what reading more than n means ("": "decompresses to more than its recorded size")
 }
 
 func (b *boundedReader) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	b.n -= int64(n)
 	if b.n < 0 {
-		return n, fmt.Errorf("%s decompresses to more than its recorded size: %w", b.what, errdefs.ErrInvalidArgument)
+		past := b.past
+		if past == "" {
+			past = "decompresses to more than its recorded size"
+		}
+		return n, fmt.Errorf("%s %s: %w", b.what, past, errdefs.ErrInvalidArgument)
 	}
 	return n, err
 }
