@@ -83,6 +83,11 @@ func failure(ctx context.Context, err error) error {
 		stopping = true
 	default:
 	}
+	// A cancellation while the activity's own context is live comes from the daemon, which
+	// cancels what runs in it when it stops, before its worker's stop is seen here (seen in
+	// TestScaleOutTemporal: a checkpoint on a node told to stop came back "context canceled"
+	// and failed its task instead of failing it over).
+	stopping = stopping || errors.Is(err, context.Canceled)
 	if stopping {
 		return sdktemporal.NewNonRetryableApplicationError("the node is stopping: "+err.Error(), errNodeStopping, err)
 	}
@@ -96,7 +101,7 @@ func failure(ctx context.Context, err error) error {
 		kind = "unavailable"
 	case errdefs.IsFailedPrecondition(err):
 		kind = "failed_precondition"
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded):
 		return err
 	}
 	return sdktemporal.NewNonRetryableApplicationError(err.Error(), kind, err)

@@ -2,13 +2,16 @@ package temporal
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/stretchr/testify/mock"
 	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/activity"
 	sdktemporal "go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/worker"
@@ -192,5 +195,34 @@ func TestSessionNodeLost(t *testing.T) {
 		if got := sessionNodeLost(c.err); got != c.lost {
 			t.Errorf("sessionNodeLost(%v) = %v, want %v", c.err, got, c.lost)
 		}
+	}
+}
+
+// TestFailureClassifiesTheDaemonsCancellation: an activity whose daemon call comes back
+// cancelled while the activity's own context is live (the daemon stops) reports the node as
+// stopping, which the workflow fails over from; other errors keep their class.
+func TestFailureClassifiesTheDaemonsCancellation(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestActivityEnvironment()
+	classify := func(ctx context.Context, kind string) error {
+		errs := map[string]error{
+			"canceled":  fmt.Errorf("checkpoint: %w", context.Canceled),
+			"deadline":  fmt.Errorf("checkpoint: %w", context.DeadlineExceeded),
+			"not_found": fmt.Errorf("sandbox: %w", errdefs.ErrNotFound),
+		}
+		return failure(ctx, errs[kind])
+	}
+	env.RegisterActivityWithOptions(classify, activity.RegisterOptions{Name: "classify"})
+	for kind, want := range map[string]string{"canceled": errNodeStopping, "not_found": "not_found"} {
+		_, err := env.ExecuteActivity("classify", kind)
+		var ae *sdktemporal.ApplicationError
+		if !errors.As(err, &ae) || ae.Type() != want || !ae.NonRetryable() {
+			t.Errorf("%s: %v, want a non-retryable %s", kind, err, want)
+		}
+	}
+	_, err := env.ExecuteActivity("classify", "deadline")
+	var ae *sdktemporal.ApplicationError
+	if errors.As(err, &ae) && ae.Type() == errNodeStopping {
+		t.Errorf("a deadline inside the daemon: %v, want it not taken for the node stopping", err)
 	}
 }
