@@ -18,8 +18,15 @@ import (
 // variables. The baseline, in the same run and the same sandbox, is an L3 checkpoint and
 // in-place rollback (CRIU), taken first: CRIU cannot dump a sandbox while templates live.
 // It also reports what the templates of 10 checkpoints cost against the REPL's RSS.
+//
+// DELTABOX_BENCH_TEMPLATE_CHECKPOINTS sets [checkpoints] template_checkpoints (0: every
+// retained checkpoint keeps its templates), to compare the fork's cost with the lineage.
 func BenchmarkProcessRollback(b *testing.B) {
-	d := startDaemon(b)
+	config := ""
+	if v := os.Getenv("DELTABOX_BENCH_TEMPLATE_CHECKPOINTS"); v != "" {
+		config = "[checkpoints]\ntemplate_checkpoints = " + v + "\n"
+	}
+	d := startDaemonWith(b, config)
 	d.createPool("py", pythonImage, 1)
 	id := d.lease("py").ID
 	c, ctx := d.client(), context.Background()

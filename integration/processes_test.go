@@ -372,6 +372,62 @@ func TestProcessTemplatesMemoryBound(t *testing.T) {
 	}
 }
 
+// TestProcessTemplatesCountBound runs a sandbox with template_checkpoints = 2: of three
+// checkpoints with processes, the one used least recently loses its templates (not the
+// oldest: the first was rolled back to since), ls and a rollback to it say why, and the
+// other two still bring the REPL back.
+func TestProcessTemplatesCountBound(t *testing.T) {
+	d := startDaemonWith(t, "[checkpoints]\ntemplate_checkpoints = 2\n")
+	d.createPool("py", pythonImage, 1)
+	id := d.lease("py").ID
+	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
+	py := startPiped(d, id, "py", "python3 /repl.py")
+	take := func(v int) api.Checkpoint {
+		py.ask(fmt.Sprintf("v = %d", v))
+		var ck api.Checkpoint
+		d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+		return ck
+	}
+	rollback := func(to string) api.RollbackResult {
+		var rb api.RollbackResult
+		d.cliJSON(&rb, "rollback", id, "--to", to)
+		return rb
+	}
+	first, second := take(1), take(2)
+	if rb := rollback(first.ID); rb.ProcessesRestored != 1 || py.ask("v") != "1" {
+		t.Fatalf("rollback to the first checkpoint: %+v", rb)
+	}
+	third := take(3)
+	var ls []api.Checkpoint
+	d.cliJSON(&ls, "checkpoint", "ls", id)
+	kept := map[string]string{}
+	for _, c := range ls {
+		if len(c.Processes) == 1 {
+			kept[c.ID] = c.Processes[0].Kept + " " + c.Processes[0].Reason
+		}
+	}
+	t.Logf("kept: %v", kept)
+	for _, c := range []api.Checkpoint{first, third} {
+		if !strings.HasPrefix(kept[c.ID], api.KeptTemplate) {
+			t.Errorf("checkpoint %s lost its template: %v", c.ID, kept)
+		}
+	}
+	if !strings.Contains(kept[second.ID], "template_checkpoints") {
+		t.Errorf("the checkpoint used least recently kept its template past the bound: %v", kept)
+	}
+	if rb := rollback(second.ID); rb.ProcessesRestored != 0 || len(rb.ProcessesLost) != 1 || !strings.Contains(rb.ProcessesLost[0].Reason, "template_checkpoints") {
+		t.Errorf("rollback to a checkpoint whose template was dropped: %+v", rb)
+	}
+	for _, c := range []struct {
+		ck   api.Checkpoint
+		want string
+	}{{first, "1"}, {third, "3"}} {
+		if rb := rollback(c.ck.ID); rb.ProcessesRestored != 1 || py.ask("v") != c.want {
+			t.Errorf("rollback to %s: %+v, v = %s, want %s", c.ck.ID, rb, py.ask("v"), c.want)
+		}
+	}
+}
+
 // TestProcessCheckpointFallsBackToCRIU: a checkpoint with processes of a sandbox running a
 // multi-threaded process (a Python REPL with a running thread), which a template cannot copy,
 // is taken by CRIU instead (l3, every process kept "criu", the reason naming the process);

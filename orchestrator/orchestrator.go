@@ -46,6 +46,9 @@ type Options struct {
 	// TemplateMemory and TemplateMemorySandbox bound the memory process templates hold
 	// alone on the node and per sandbox (0: unbounded; processes.go).
 	TemplateMemory, TemplateMemorySandbox int64
+	// TemplateCheckpoints bounds how many checkpoints of a sandbox keep process templates
+	// (0: unbounded; tplbounds.go).
+	TemplateCheckpoints int
 	// HugePagesBudget bounds the time a checkpoint with processes spends, before its
 	// freeze, collapsing the memory of processes about to get their first template into
 	// huge pages (hugepages.go; 0: never).

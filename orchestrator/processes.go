@@ -466,6 +466,7 @@ func (s *session) releaseTemplates(id string) {
 		}
 		s.tplCount.Add(-int64(len(byPid)))
 		delete(s.tpls, ck)
+		delete(s.tplUsed, ck)
 	}
 }
 

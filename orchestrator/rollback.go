@@ -284,6 +284,9 @@ func (o *Orchestrator) afterRollback(ctx context.Context, s *session, target ckp
 	if s.unsynced == nil && target.ProcCkpt == nil {
 		return
 	}
+	if s.tpls[target.ID] != nil {
+		s.usedTemplates(target.ID) // the last dropped by template_checkpoints
+	}
 	s.background(ctx, func(ctx context.Context) {
 		if err := o.syncRollback(s); err != nil {
 			log.L(ctx).Error("rollback record", "sandbox", s.id, "error", err) // the next operation retries

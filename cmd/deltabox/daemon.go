@@ -138,7 +138,7 @@ func serve(ctx context.Context, cfg config.Config, initBinary string) error {
 		CRIUPath: cfg.CRIU.Path, ObjectStoreURI: cfg.ObjectStore.URI, InitBinary: initBinary,
 		Metrics: registry, Retain: cfg.Checkpoints.Retain, RetainBranch: cfg.Checkpoints.RetainBranch,
 		StepMax: cfg.Checkpoints.StepRecords, StepOutputBytes: cfg.Checkpoints.StepOutputBytes, L2Every: cfg.Checkpoints.L2Every,
-		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, TemplateMemory: tplNode, TemplateMemorySandbox: tplSandbox, HugePagesBudget: hugeBudget, Network: netOpts, SandboxDefaults: defaults,
+		WalkUpperDirs: !cfg.Checkpoints.TrackChanges, TemplateMemory: tplNode, TemplateMemorySandbox: tplSandbox, TemplateCheckpoints: cfg.Checkpoints.TemplateCheckpoints, HugePagesBudget: hugeBudget, Network: netOpts, SandboxDefaults: defaults,
 		Egress: egressOptions(cfg.Egress), ForkLayerMemory: forkLayerMem,
 		Snapshots: orchestrator.SnapshotOptions{SigningKey: cfg.Snapshots.SigningKey, TrustedKeys: cfg.Snapshots.TrustedKeys,
 			RestoreTimeout: cfg.Snapshots.RestoreTimeout.Duration, DumpTimeout: cfg.Snapshots.DumpTimeout.Duration,

@@ -236,6 +236,10 @@ type Checkpoints struct {
 	// templates are dropped.
 	TemplateMemory        string `toml:"template_memory"`
 	TemplateMemorySandbox string `toml:"template_memory_sandbox"`
+	// TemplateCheckpoints bounds how many checkpoints of a sandbox keep process templates
+	// (0: as many as retention keeps). Beyond it the templates of the checkpoint used least
+	// recently (taken or rolled back to) are dropped.
+	TemplateCheckpoints int `toml:"template_checkpoints"`
 	// HugePagesBudget bounds, per checkpoint, the time spent collapsing the memory of
 	// processes about to get their first template into huge pages (a duration; "0": never).
 	HugePagesBudget string `toml:"huge_pages_budget"`
@@ -413,6 +417,9 @@ func (c Config) validate(name string) error {
 	}
 	if c.Checkpoints.Retain < 2 {
 		return fmt.Errorf("config %s: checkpoints.retain = %d: keep at least 2: %w", name, c.Checkpoints.Retain, errdefs.ErrInvalidArgument)
+	}
+	if c.Checkpoints.TemplateCheckpoints < 0 {
+		return fmt.Errorf("config %s: checkpoints.template_checkpoints = %d: want 0 (as retain) or more: %w", name, c.Checkpoints.TemplateCheckpoints, errdefs.ErrInvalidArgument)
 	}
 	if _, _, err := c.Checkpoints.TemplateMemoryBytes(); err != nil {
 		return fmt.Errorf("config %s: %w", name, err)

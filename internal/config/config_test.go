@@ -202,6 +202,20 @@ func TestHugePagesBudget(t *testing.T) {
 	}
 }
 
+func TestTemplateCheckpoints(t *testing.T) {
+	if n := Default().Checkpoints.TemplateCheckpoints; n != 16 {
+		t.Fatalf("default template_checkpoints = %d, want 16", n)
+	}
+	c, err := Parse([]byte("version = 1\n[checkpoints]\ntemplate_checkpoints = 0\n"), "t.toml")
+	if err != nil || c.Checkpoints.TemplateCheckpoints != 0 {
+		t.Fatalf("template_checkpoints = 0 (as retain): %v %+v", err, c.Checkpoints)
+	}
+	_, err = Parse([]byte("version = 1\n[checkpoints]\ntemplate_checkpoints = -1\n"), "t.toml")
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "checkpoints.template_checkpoints") || !strings.Contains(err.Error(), "t.toml") {
+		t.Fatalf("template_checkpoints = -1: %v, want an error naming the field and the file", err)
+	}
+}
+
 // TestDefaultTextDocumentsEveryKey: every key the daemon reads is in default.toml
 // (`deltabox config default`), set to its default and commented.
 func TestDefaultTextDocumentsEveryKey(t *testing.T) {
