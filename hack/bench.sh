@@ -40,6 +40,7 @@ run -bench 'E2BSDK' -benchtime 40x ./integration/
 step packages "package-level benchmarks"
 run -bench . -benchtime 2000x ./pool/initproto/
 run -bench 'TemplateAndCopy|Inject$' -benchtime 200x ./criu/proctpl/
+run -bench 'TemplateLineage' -benchtime 48x ./criu/proctpl/
 run -bench 'DiskImage' -benchtime 10x ./pool/ || log "pool disk benchmarks failed (see above)"
 run -bench . -benchtime 300x ./orchestrator/state/
 run -bench 'Capture|Rollback|Verify|Baseline|WriteLower' -benchtime 50x ./overlay/ || log "overlay benchmarks failed (see above)"
@@ -81,6 +82,7 @@ on a test machine; \`DiskImage\` shows what the size costs.
 | passed GET adds <= 1 ms p50 over direct; hold p50 <= 2 ms; commit of 100 <= 1 s (5) | PassGET vs DirectGET, Hold, Commit100 | proxy |
 | a Python REPL with 50 MB of heap and a bash session: checkpoint with processes p50 <= 10 ms, frozen p50 <= 2 ms; rollback of a step (10 files, the heap, shell variables) p50 <= 2 ms, p99 <= 5 ms, >= 100x faster than an L3 rollback of the same sandbox; what the templates of 10 checkpoints cost against the REPL's RSS (14) | ckpt-procs-*, ckpt-procs-frozen-*, rollback-procs-*, l3/rollback-procs-x, templates10-MiB vs repl-rss-MiB | integration ProcessRollback |
 | process templates alone, a host python3 with 50 MB of heap: template and copy; one injected system call, single-step against PTRACE_SYSCALL (14) | template-p50-ms, copy-p50-ms; step-p50-us vs syscall-p50-us | criu/proctpl TemplateAndCopy, Inject |
+| a template's fork against the live templates it descends from (4, 16, all of 48 generations; template_checkpoints) (14) | template-p50-ms, avc-per-fork | criu/proctpl TemplateLineage |
 | RL loop: lease, then 1,000 x (reset to the start checkpoint, a step writing a file and mutating the Python heap): resets per second against L3 rollbacks and release + lease (14) | resets/s-template, resets/s-l3, resets/s-release+lease, reset-*-p50-ms | integration RLLoop |
 | L3 frozen <= 300 ms; restore from the local store <= 500 ms; push + restore no slower than ctr checkpoint + restore (6) | l3-frozen-*, l3-restore-*, ctr/(push+restore)-x | integration L3SnapshotRestore |
 | upload/download to local versitygw >= 200 MB/s (6) | MB/s | objectstore/s3 Put, Get |
