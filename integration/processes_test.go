@@ -322,16 +322,23 @@ func TestProcessTemplatesDaemonKill(t *testing.T) {
 	}
 }
 
+// replSandbox starts a daemon with config and leases a Python sandbox running the REPL
+// driven through pipes.
+func replSandbox(t *testing.T, config string) (*daemon, string, pipeShell) {
+	t.Helper()
+	d := startDaemonWith(t, config)
+	d.createPool("py", pythonImage, 1)
+	id := d.lease("py").ID
+	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
+	return d, id, startPiped(d, id, "py", "python3 /repl.py")
+}
+
 // TestProcessTemplatesMemoryBound runs a sandbox with a per-sandbox template bound of 8 MiB:
 // each step rewrites 5 MiB of a REPL's heap, so the templates of older checkpoints go, the
 // newest always stays, ls shows which, a rollback to a dropped one says why, and the metrics
 // count what is left.
 func TestProcessTemplatesMemoryBound(t *testing.T) {
-	d := startDaemonWith(t, "[checkpoints]\ntemplate_memory_sandbox = \"8m\"\n")
-	d.createPool("py", pythonImage, 1)
-	id := d.lease("py").ID
-	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
-	py := startPiped(d, id, "py", "python3 /repl.py")
+	d, id, py := replSandbox(t, "[checkpoints]\ntemplate_memory_sandbox = \"8m\"\n")
 	py.ask("import os; heap = bytearray(os.urandom(20 << 20))")
 	var cks []api.Checkpoint
 	for i := 0; i < 4; i++ {
@@ -377,11 +384,7 @@ func TestProcessTemplatesMemoryBound(t *testing.T) {
 // oldest: the first was rolled back to since), ls and a rollback to it say why, and the
 // other two still bring the REPL back.
 func TestProcessTemplatesCountBound(t *testing.T) {
-	d := startDaemonWith(t, "[checkpoints]\ntemplate_checkpoints = 2\n")
-	d.createPool("py", pythonImage, 1)
-	id := d.lease("py").ID
-	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
-	py := startPiped(d, id, "py", "python3 /repl.py")
+	d, id, py := replSandbox(t, "[checkpoints]\ntemplate_checkpoints = 2\n")
 	take := func(v int) api.Checkpoint {
 		py.ask(fmt.Sprintf("v = %d", v))
 		var ck api.Checkpoint

@@ -54,7 +54,7 @@ type session struct {
 	tpls       map[string]map[int]*proctpl.Template
 	tplDropped map[string]string // why a checkpoint's templates were dropped (tplbounds.go)
 	tplUsed    map[string]uint64 // when (tplClock) each checkpoint's templates were last used
-	tplClock   uint64
+	tplClock   uint64            // counts the uses of templates (tplUsed)
 	tplCount   atomic.Int64      // templates in tpls, for the node's metrics and bound
 	spares     string            // the checkpoint whose templates keep spare copies (preforkLater)
 	// unsynced is an answered rollback whose record is in place but not yet durable, and
