@@ -105,13 +105,7 @@ func benchLineage(b *testing.B, keep int) {
 	var took []time.Duration
 	var links []int
 	for i := 0; i < b.N; i++ {
-		p, err := tr.Seize(pid, noCheck)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := p.Wait(); err != nil {
-			b.Fatal(err)
-		}
+		p := stopped(b, tr, pid)
 		before := slabObjects("anon_vma_chain")
 		start := time.Now()
 		tp, err := p.Template()
