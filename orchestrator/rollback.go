@@ -100,9 +100,10 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		// Written before the freeze (the session lock keeps the state and checkpoints
 		// still, and whatever the sandbox does until the freeze is after the target, undone
 		// by a redo as by the rollback); its fdatasync runs meanwhile, in parallel with the
-		// freeze and the files' planning, and the first change waits for it (BeforeWrite):
-		// nothing changes before the intent is durable. In the page cache it already
-		// survives a killed daemon.
+		// files' planning, the freeze and the window's listing of the processes and their
+		// open files, and the first change waits for it (BeforeWrite): nothing changes
+		// before the intent is durable. In the page cache it already survives a killed
+		// daemon.
 		if err := failpoint.Inject("rollback/before-intent"); err != nil {
 			(<-pinned).Close()
 			return 0, err
@@ -119,12 +120,10 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 	prep := o.prepareFiles(ctx, s, in)
 	if prep != nil {
 		defer prep.Abort() // a no-op once applied
-		if s.intentSynced != nil {
-			// Prepared, the window's first write comes within microseconds of the freeze:
-			// the sandbox runs on while the intent's sync ends (a failure is reported there).
-			_ = s.intentSynced()
-		}
 	}
+	// The freeze does not wait for the intent's sync: its device flush (0.5-1 ms here) would
+	// add to every rollback's answer, and the freeze plus the window's listing before its
+	// first change (BeforeWrite) take about as long, so the window rarely waits for it.
 	freezeAt := time.Now()
 	if err := s.freeze(ctx, pinned); err != nil {
 		if record {
