@@ -580,3 +580,50 @@ func TestProcessCheckpointHugePages(t *testing.T) {
 		d.cli("release", id)
 	}
 }
+
+// TestProcessRollbackFailsWithCopiesArmed: a rollback to a checkpoint with processes that
+// fails in its frozen window after the copies of its templates were armed and moved into the
+// sandbox (failpoint rollback/after-files, once) leaves no copy behind: none of them runs,
+// before or after the thaw, so nothing of the sandbox can reach a copy that was never
+// started; the rollback is pending, and the next one finishes it with exactly one REPL back
+// as at the checkpoint.
+func TestProcessRollbackFailsWithCopiesArmed(t *testing.T) {
+	d := startDaemonWith(t, "")
+	d.restartWith("rollback/after-files=1*error") // from the start: a restart would drop templates
+	d.createPool("py", pythonImage, 1)
+	id := d.lease("py").ID
+	d.cli("exec", id, "--", "sh", "-c", "cat > /repl.py <<'EOF_REPL'\n"+replPy+"\nEOF_REPL")
+	py := startPiped(d, id, "py", "python3 /repl.py")
+	py.ask("before = 1")
+	var ck api.Checkpoint
+	d.cliJSON(&ck, "checkpoint", "create", id, "--processes")
+	// The spare copies are forked after the checkpoint's answer; the next operation waits
+	// for them (the session lock), so this list of checkpoints comes after them.
+	d.cli("checkpoint", "ls", id)
+	py.ask("after = 2")
+	_, errOut, code := d.cliRaw("rollback", id, "--to", ck.ID)
+	if code == 0 || !strings.Contains(errOut, "pending") {
+		t.Fatalf("rollback with the failpoint: exit %d, %q; want an error saying it is pending", code, errOut)
+	}
+	for i := 0; i < 5; i++ { // the killed copies die with the thaw: none may ever run
+		n, all := d.psCount(id, "python3 /repl.py")
+		if n != 0 {
+			t.Fatalf("after the failed rollback %d REPL processes run (want 0: the originals killed, the armed copies never started):%s", n, all)
+		}
+		if i == 4 && strings.Count(all, ":t:python3 /repl.py ;") != 1 { // the template alone is left, stopped
+			t.Fatalf("after the failed rollback the stopped REPL processes are not the template alone (an armed copy left behind?):%s", all)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var rb api.RollbackResult
+	d.cliJSON(&rb, "rollback", id, "--to", ck.ID) // finishes the pending one, then rolls back again
+	if rb.ProcessesRestored != 1 || len(rb.ProcessesLost) != 0 {
+		t.Fatalf("rollback after the failed one: %+v", rb)
+	}
+	if n, all := d.psCount(id, "python3 /repl.py"); n != 1 {
+		t.Fatalf("%d REPL processes run after the rollback, want 1:%s", n, all)
+	}
+	if got, gone := py.ask("before"), py.ask("after"); got != "1" || gone != "'NameError'" {
+		t.Fatalf("REPL after the rollback: before = %s, after = %s; want 1 and NameError", got, gone)
+	}
+}

@@ -378,8 +378,10 @@ func (o *Orchestrator) restoreProcessCheckpoint(ctx context.Context, s *session,
 // armedCopies are the copies of a rollback target's templates prepared in the rollback's
 // frozen window, from spares parked out of the sandbox's freezer cgroup (preforkSpares):
 // their file offsets, dumpable flag and registers are set while the sandbox is frozen (so
-// nothing of the sandbox can reach them), in parallel with the files' rollback, and they
-// are started in the frozen sandbox once every step is done: they run with the thaw.
+// nothing of the sandbox can reach them), then each is moved into the frozen sandbox, still
+// stopped by the tracer, all in parallel with the files' rollback; they are started (each
+// detached, on its tracer thread, side by side) once every step is done: they run with the
+// thaw. A copy moved in but not started is killed (cancel); it dies with the thaw.
 type armedCopies struct {
 	wg      sync.WaitGroup
 	mu      sync.Mutex
@@ -403,33 +405,44 @@ func (o *Orchestrator) armCopies(s *session, target ckptRecord) *armedCopies {
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
-			if pid, err := tp.Arm(); err == nil && pid != 0 {
-				a.mu.Lock()
-				a.tpls[e.Pid], a.pids[e.Pid] = tp, pid
-				a.mu.Unlock()
+			pid, err := tp.Arm()
+			if err != nil || pid == 0 {
+				return
 			}
+			// Moved while stopped, the copy is frozen at its start: no instant of it
+			// runs outside the sandbox's freezing.
+			if err := s.frz.Adopt(pid); err != nil {
+				tp.Disarm()
+				return
+			}
+			a.mu.Lock()
+			a.tpls[e.Pid], a.pids[e.Pid] = tp, pid
+			a.mu.Unlock()
 		}()
 	}
 	return a
 }
 
-// start moves the armed copies into the frozen sandbox and starts them there (they run
-// with the thaw); it returns the entries started. Moved while stopped, a copy is frozen
-// at its start, so no instant of it runs outside the sandbox's freezing.
-func (a *armedCopies) start(frz freezer) map[int]bool {
+// start starts the armed copies, already in the frozen sandbox (they run with the thaw), in
+// parallel; it returns the entries started.
+func (a *armedCopies) start() map[int]bool {
 	a.wg.Wait()
 	a.armedAt = time.Now()
 	started := map[int]bool{}
-	for e, pid := range a.pids {
+	var wg sync.WaitGroup
+	for e := range a.pids {
 		tp := a.tpls[e]
-		if err := frz.Adopt(pid); err != nil {
-			tp.Disarm()
-			continue
-		}
-		if _, err := tp.Copy(); err == nil {
-			started[e] = true
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := tp.Copy(); err == nil {
+				a.mu.Lock()
+				started[e] = true
+				a.mu.Unlock()
+			}
+		}()
 	}
+	wg.Wait()
 	return started
 }
 

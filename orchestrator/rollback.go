@@ -344,7 +344,7 @@ func (o *Orchestrator) applyRollback(ctx context.Context, s *session, in rollbac
 	defer func() {
 		if done {
 			t := time.Now()
-			s.started = armed.start(s.frz)
+			s.started = armed.start()
 			for e := range s.started {
 				s.sawHuge(armed.pids[e]) // a copy shares its template's pages
 			}
