@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -15,7 +16,8 @@ import (
 // the same run reset with an L3 rollback and with release + lease + starting the REPL again
 // (a fresh sandbox has none of its memory), a few rounds each. Reported: each reset's p50
 // and the resets per second one sandbox gets from it (reset time only: the step, which goes
-// through exec, is the same for all three).
+// through exec, is the same for all three), and an API exec of `true` right after each
+// template reset (exec-after-reset: what the loop's next call waits for).
 func BenchmarkRLLoop(b *testing.B) {
 	d := startDaemon(b)
 	d.createPool("py", pythonImage, 2, "--max", "8")
@@ -39,11 +41,16 @@ func BenchmarkRLLoop(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var tpl samples
+	var tpl, execAfter samples
 	for i := 0; i < b.N; i++ {
 		timed(&tpl, func() {
 			if _, err := c.Rollback(ctx, id, api.RollbackRequest{To: ck.ID}); err != nil {
 				b.Fatal(err)
+			}
+		})
+		timed(&execAfter, func() { // the loop's next call: it must not wait for the reset's background work
+			if st, err := c.Exec(ctx, id, api.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard); err != nil || st.Code != 0 {
+				b.Fatalf("exec after reset %d: %+v %v", i, st, err)
 			}
 		})
 		if got := py.ask("n"); got != "0" {
@@ -85,6 +92,7 @@ func BenchmarkRLLoop(b *testing.B) {
 		})
 	}
 	tpl.report(b, "reset-template")
+	execAfter.report(b, "exec-after-reset")
 	l3.report(b, "reset-l3")
 	fresh.report(b, "reset-release+lease")
 	perSec := func(s samples) float64 { return float64(time.Second) / float64(s.pct(0.5)) }

@@ -240,15 +240,16 @@ func (s *session) templatePids() map[int]bool {
 // preforkLater has the templates of checkpoint ck fork their spare copies once the caller
 // released the session (after the answer): the next rollback to ck then starts those copies
 // instead of forking (the fork of a process with 50 MB of heap copies its page tables,
-// ~1-2 ms here). It runs under the session lock, so that no checkpoint or rollback lists
-// the sandbox's processes while a spare is being made (it would not be known as one yet).
+// ~1-2 ms here). It runs under the session lock (shared, as every background step: the
+// readers go on), so that no checkpoint or rollback lists the sandbox's processes while a
+// spare is being made (it would not be known as one yet).
 // Only one checkpoint's templates keep spares per sandbox (the newest one, or the last one
 // rolled back to): a spare is a stopped process that counts in the sandbox's pid limit.
 func (o *Orchestrator) preforkLater(ctx context.Context, s *session, ck string) {
 	s.background(ctx, func(ctx context.Context) { o.preforkSpares(ctx, s, ck) })
 }
 
-// preforkSpares is preforkLater's work. Callers hold s.mu.
+// preforkSpares is preforkLater's work. Callers hold s.mu, exclusive or as background does.
 func (o *Orchestrator) preforkSpares(ctx context.Context, s *session, ck string) {
 	if s.spares != ck {
 		for _, tp := range s.tpls[s.spares] {

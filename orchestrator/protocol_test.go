@@ -498,3 +498,37 @@ func TestRollbackPreparedBeforeFreeze(t *testing.T) {
 		t.Fatalf("%d preparations, files at %s; want 4 (the redo prepares too) and at %s", r.fs.prepared, r.fs.files, c3)
 	}
 }
+
+// TestBackgroundStepLetsReadersOn: a rollback's background step (its record's syncs, here
+// made slow with failpoint rollback/before-sync) holds the session lock shared: a state
+// patch and a listing right after the answer go on while it runs, a checkpoint waits for
+// it and then finds the rollback durable.
+func TestBackgroundStepLetsReadersOn(t *testing.T) {
+	r := newRig(t, 64)
+	c2 := r.checkpoint()
+	r.patch()
+	r.checkpoint()
+	t.Cleanup(failpoint.Reset)
+	if err := failpoint.Enable("rollback/before-sync", "sleep(400)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.o.Rollback(context.Background(), "sb", api.RollbackRequest{To: c2}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the background step has the lock and sleeps
+	start := time.Now()
+	r.patch()
+	if _, err := r.o.Checkpoints(context.Background(), "sb"); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 200*time.Millisecond {
+		t.Fatalf("a state patch and a listing during the rollback's background syncs took %v: they waited for them", d)
+	}
+	r.checkpoint()
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("a checkpoint during the rollback's background syncs took %v: it did not wait for them", d)
+	}
+	if in, _ := r.s.intents.read(); in != nil || r.s.unsynced != nil || r.fs.unsynced {
+		t.Fatalf("after the checkpoint: intent %+v, unsynced %v / %v", in, r.s.unsynced, r.fs.unsynced)
+	}
+}

@@ -254,7 +254,7 @@ func (o *Orchestrator) settleAnswered(s *session, in rollbackIntent) error {
 }
 
 // syncRollback makes an answered rollback durable (settleAnswered): its record synced, then
-// its intent cleared. Callers hold s.mu.
+// its intent cleared. Callers hold s.mu, exclusive or as background does.
 func (o *Orchestrator) syncRollback(s *session) error {
 	if s.unsynced == nil {
 		return nil
