@@ -341,3 +341,40 @@ func BenchmarkWriteLower(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDeleteFull is retention's merge: a full checkpoint of 5,000 files (of 16 bytes,
+// as a source tree's small files, or 4 KiB) is deleted, folded into its child (10 files
+// changed), on this filesystem (no clones here: the contents are copied). per-entry copies
+// each content with a read and a write of its own (the way before copyContentsBulk), bulk in
+// runs of neighbours. Each round builds the two checkpoints anew (untimed).
+func BenchmarkDeleteFull(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		size int
+		bulk bool
+	}{{"16B/per-entry", 16, false}, {"16B/bulk", 16, true}, {"4KiB/per-entry", 4096, false}, {"4KiB/bulk", 4096, true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			defer func(v bool) { bulkCopy = v }(bulkCopy)
+			bulkCopy = mode.bulk
+			var lat latencies
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				f := newFixture(b, nil)
+				paths := benchTree(b, f, 5000)
+				if mode.size != 4096 {
+					for _, p := range paths {
+						must(b, os.WriteFile(f.m(p), make([]byte, mode.size), 0o644))
+					}
+				}
+				f.capture(b, "c0", L2)
+				modify(b, f, paths, 10, i+1)
+				f.capture(b, "c1", L1)
+				b.StartTimer()
+				start := time.Now()
+				must(b, f.s.Delete(context.Background(), "c0"))
+				lat = append(lat, time.Since(start))
+			}
+			lat.report(b)
+		})
+	}
+}

@@ -214,8 +214,9 @@ func (s *Store) copyCheckpoint(rootfd int, req CaptureRequest, full bool, res *s
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("create pack: %w", err)
 	}
-	pw := newPackWriter(f, s.opts.reflink, s.opts.sync)
+	pw := s.newPack(f)
 	copied, err := s.addEntries(pw, rootfd, m, res)
+	s.packWritten(pw)
 	if err != nil {
 		pw.abort()
 		return nil, nil, 0, err

@@ -10,6 +10,7 @@ import (
 	"sort"
 
 	"github.com/containerd/errdefs"
+	"github.com/zeebo/xxh3"
 
 	"github.com/deltabox/deltabox/internal/log"
 )
@@ -123,8 +124,10 @@ func (s *Store) deleteInner(pos, kid int, merge MetaMerge) error {
 	if err != nil {
 		return fmt.Errorf("create pack: %w", err)
 	}
-	pw := newPackWriter(f, s.opts.reflink, s.opts.sync)
-	if err := s.copyContents(pw, m); err != nil {
+	pw := s.newPack(f)
+	err = s.copyContents(pw, m)
+	s.packWritten(pw)
+	if err != nil {
 		pw.abort()
 		return err
 	}
@@ -193,6 +196,9 @@ func mergeManifests(old, next *manifest) *manifest {
 // copyContents copies every content extent m's entries reference into pw (once per extent)
 // and points the entries at their new offsets.
 func (s *Store) copyContents(pw *packWriter, m *manifest) error {
+	if !pw.reflink && bulkCopy {
+		return s.copyContentsBulk(pw, m)
+	}
 	type extent struct {
 		ckpt string
 		off  int64
@@ -242,4 +248,110 @@ func (s *Store) moveContent(pw *packWriter, e *Entry) (movedExtent, error) {
 			Reason: fmt.Sprintf("xxh3 %016x, recorded %016x", sum, e.Sum)}
 	}
 	return movedExtent{off: off, sum: sum}, nil
+}
+
+// bulkCopy selects copyContentsBulk where extents cannot be cloned (the benchmark compares).
+var bulkCopy = true
+
+// Runs of copyContentsBulk: extents of one pack closer than runGap bytes are read and written
+// together, up to runMax bytes a run (measured here, BenchmarkDeleteFull: runs of 256 KiB
+// merge 5,000 contents of 4 KiB in 38 ms, of 4 MiB in 85 ms, one at a time in 67 ms; the
+// buffer stays in the CPU's cache).
+const (
+	runGap = 4096
+	runMax = 256 << 10
+)
+
+// copyContentsBulk is copyContents without reflinks: the extents are taken in pack order and
+// copied a run of neighbours at a time (one read and one write of up to runMax bytes, the
+// few bytes between them included) instead of a read and a write each. Merging a full
+// checkpoint of 5,000 small files into its child (retention, at every checkpoint past the
+// bound) otherwise makes 15,000 syscalls. Each extent is still checked against its pack's
+// size and its recorded digest, from the run's buffer.
+func (s *Store) copyContentsBulk(pw *packWriter, m *manifest) error {
+	type extent struct {
+		ckpt      string
+		off, size int64
+	}
+	users := map[extent][]*Entry{}
+	var order []extent
+	for _, e := range m.Entries {
+		if e.Kind != KindFile || e.Size == 0 {
+			e.ckpt = m.ID
+			continue
+		}
+		x := extent{e.ckpt, e.Off, e.Size}
+		if users[x] == nil {
+			order = append(order, x)
+		}
+		users[x] = append(users[x], e)
+	}
+	sort.Slice(order, func(i, j int) bool {
+		if order[i].ckpt != order[j].ckpt {
+			return order[i].ckpt < order[j].ckpt
+		}
+		return order[i].off < order[j].off
+	})
+	sizes := map[string]int64{}
+	var buf []byte
+	h := xxh3.New()
+	for i := 0; i < len(order); {
+		first := order[i]
+		f := s.packs[first.ckpt]
+		if f == nil {
+			return fmt.Errorf("content of %q: checkpoint %s not open", users[first][0].Path, first.ckpt)
+		}
+		size, ok := sizes[first.ckpt]
+		if !ok {
+			st, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			size, sizes[first.ckpt] = st.Size(), st.Size()
+		}
+		// The run: first and the extents after it in the same pack, each starting at or
+		// after the end of the one before, at most runGap bytes after it.
+		end, j := first.off+first.size, i+1
+		for ; j < len(order); j++ {
+			x := order[j]
+			if x.ckpt != first.ckpt || x.off < end || x.off-end > runGap || x.off+x.size-first.off > runMax {
+				break
+			}
+			end = x.off + x.size
+		}
+		run := order[i:j]
+		for _, x := range run {
+			if err := extentInside(users[x][0], size); err != nil {
+				return err
+			}
+		}
+		if n := int(end - first.off); cap(buf) < n {
+			buf = make([]byte, n)
+		}
+		data := buf[:end-first.off]
+		if err := preadFull(int(f.Fd()), data, first.off); err != nil {
+			return fmt.Errorf("read checkpoint %s: %w", first.ckpt, err)
+		}
+		base := pw.off
+		for _, x := range run {
+			h.Reset()
+			_, _ = h.Write(data[x.off-first.off : x.off-first.off+x.size])
+			sum := h.Sum64()
+			for _, e := range users[x] {
+				if e.summed && sum != e.Sum {
+					return &DamageError{Checkpoint: e.ckpt, Path: e.Path,
+						Reason: fmt.Sprintf("xxh3 %016x, recorded %016x", sum, e.Sum)}
+				}
+			}
+			for _, e := range users[x] {
+				e.ckpt, e.Off, e.Sum, e.summed = m.ID, base+x.off-first.off, sum, true
+			}
+		}
+		if err := pwriteFull(int(pw.f.Fd()), data, base); err != nil {
+			return fmt.Errorf("write pack: %w", err)
+		}
+		pw.off += int64(len(data))
+		i = j
+	}
+	return nil
 }

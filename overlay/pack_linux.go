@@ -60,6 +60,8 @@ type packWriter struct {
 	reflink bool
 	sync    bool
 	done    bool
+	// cloneFailed: a clone was refused, and the writer copies since (Store.packWritten).
+	cloneFailed bool
 }
 
 // newPackWriter writes a pack into an empty temp file of the store dir.
@@ -83,7 +85,7 @@ func (w *packWriter) addFrom(srcFd int, srcOff, size int64) (int64, uint64, erro
 			w.off += size
 			return at, sum, nil
 		}
-		w.reflink = false
+		w.reflink, w.cloneFailed = false, true
 	}
 	at := w.off
 	sum, err := copyDigest(srcFd, srcOff, int(w.f.Fd()), at, size)
