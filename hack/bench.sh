@@ -44,6 +44,7 @@ run -bench 'TemplateLineage' -benchtime 48x ./criu/proctpl/
 run -bench 'DiskImage' -benchtime 10x ./pool/ || log "pool disk benchmarks failed (see above)"
 run -bench . -benchtime 300x ./orchestrator/state/
 run -bench 'Capture|Rollback|Verify|Baseline|WriteLower' -benchtime 50x ./overlay/ || log "overlay benchmarks failed (see above)"
+run -bench 'DeleteFull' -benchtime 10x ./overlay/ || log "overlay DeleteFull failed (see above)"
 run -bench 'WriteTax' -benchtime 300000x ./overlay/ || log "overlay benchmarks failed (see above)"
 run -bench . -benchtime 5x ./objectstore/... || log "objectstore benchmarks failed (see above)"
 run -bench 'PassGET|DirectGET|Hold' -benchtime 2000x ./proxy/ || log "proxy benchmarks failed (see above)"
