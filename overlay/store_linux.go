@@ -51,29 +51,31 @@ type Store struct {
 	bg       sync.WaitGroup // background temp file creation
 	damaged  []Damage       // checkpoints set aside as damaged (see setAside)
 	fold     *folded        // the folded lower layer, once read (WithFoldedLower)
-	// noClone: a pack writer found that the store's filesystem cannot clone extents (ext4):
-	// the next ones copy from the start (newPack), and merges copy in runs (copyContentsBulk).
-	noClone     bool
-	cloneProbed bool // noClone was set by probeClone
+	// noClone: the store's filesystem cannot clone extents (ext4), as probeClone found at open
+	// or a pack writer since: pack writers copy from the start (newPack), and merges copy in
+	// runs (copyContentsBulk).
+	noClone bool
 }
 
 // newPack is a pack writer into f, cloning extents unless the filesystem is known to refuse
-// it (asked once per store: probeClone). Callers hold s.mu.
+// it. Callers hold s.mu.
 func (s *Store) newPack(f *os.File) *packWriter {
-	if s.opts.reflink && !s.cloneProbed {
-		s.cloneProbed, s.noClone = true, !probeClone(f)
-	}
 	return newPackWriter(f, s.opts.reflink && !s.noClone, s.opts.sync)
 }
 
-// probeClone reports whether the filesystem of f (an empty temp file of the store) clones
-// extents: a block written to f is cloned onto itself further on, and f is emptied again.
-func probeClone(f *os.File) bool {
-	defer func() { _ = f.Truncate(0) }()
+// probeClone reports whether the filesystem of dir clones extents: a block written to a
+// temp file there is cloned onto the same file further on. Asked once, when a store opens
+// (never in a frozen window).
+func probeClone(dir string) bool {
+	f, err := os.CreateTemp(dir, tempPrefix+"*")
+	if err != nil {
+		return false
+	}
+	defer discardTemp(f)
 	if _, err := f.WriteAt(make([]byte, reflinkAlign), 0); err != nil {
 		return false
 	}
-	err := unix.IoctlFileCloneRange(int(f.Fd()), &unix.FileCloneRange{
+	err = unix.IoctlFileCloneRange(int(f.Fd()), &unix.FileCloneRange{
 		Src_fd: int64(f.Fd()), Src_offset: 0, Src_length: reflinkAlign, Dest_offset: reflinkAlign,
 	})
 	return err == nil
@@ -152,6 +154,7 @@ func NewStore(dir string, opts ...Option) (*Store, error) {
 		s.Close()
 		return nil, fmt.Errorf("open layer store %s: %w", dir, err)
 	}
+	s.noClone = o.reflink && !probeClone(dir)
 	s.prepareTemp()
 	return s, nil
 }
