@@ -77,6 +77,10 @@ type fakeFiles struct {
 	diskHead    string
 	diskMeta    []byte
 	failPersist error
+	entries     map[string]int // Entries, by checkpoint (0 when unset)
+	foldMu      sync.Mutex     // guards folds: PrepareFold runs without the session lock
+	folds       [][]string     // PrepareFold calls
+	onFold      func()         // called by PrepareFold, before it returns (the session lock is free)
 }
 
 func (f *fakeFiles) PersistRollback() error {
@@ -207,6 +211,44 @@ func (f *fakeFiles) Delete(_ context.Context, id string, merge ...overlay.MetaMe
 	f.deleted = append(f.deleted, id)
 	return nil
 }
+func (f *fakeFiles) Entries(id string) int { return f.entries[id] }
+
+// PrepareFold returns a fold that deletes ids, in order, when committed.
+func (f *fakeFiles) PrepareFold(ctx context.Context, ids []string, merge overlay.MetaMerge) (preparedFold, error) {
+	f.foldMu.Lock()
+	f.folds = append(f.folds, slices.Clone(ids))
+	f.foldMu.Unlock()
+	if f.onFold != nil {
+		f.onFold()
+	}
+	return &fakeFold{f: f, ids: slices.Clone(ids), merge: merge}, nil
+}
+
+// fakeFold is fakeFiles' prepared fold.
+type fakeFold struct {
+	f     *fakeFiles
+	ids   []string
+	merge overlay.MetaMerge
+	done  bool
+}
+
+func (p *fakeFold) Commit(ctx context.Context) error {
+	for _, id := range p.ids {
+		if !slices.Contains(p.f.ids, id) || id == p.f.head {
+			return fmt.Errorf("fold %s: %w", id, errdefs.ErrFailedPrecondition)
+		}
+	}
+	for _, id := range p.ids {
+		if err := p.f.Delete(ctx, id, p.merge); err != nil {
+			return err
+		}
+	}
+	p.done = true
+	return nil
+}
+func (p *fakeFold) Finish() error { return nil }
+func (p *fakeFold) Abort()        {}
+
 func (f *fakeFiles) Diff(context.Context, string, string) ([]overlay.DiffEntry, error) {
 	return nil, nil
 }

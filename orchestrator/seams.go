@@ -40,6 +40,8 @@ type fileStore interface {
 	WriteRollback() error                                                                    // puts a Deferred rollback's record in place, without syncing it
 	SyncRollback() error                                                                     // makes the record on disk durable (at start)
 	Delete(ctx context.Context, id string, merge ...overlay.MetaMerge) error
+	PrepareFold(ctx context.Context, ids []string, merge overlay.MetaMerge) (preparedFold, error) // Delete of inner checkpoints, worked out unlocked
+	Entries(id string) int                                                                         // how many entries checkpoint id records
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error
 	ReadFile(ctx context.Context, id, path string, w io.Writer) (overlay.FileInfo, error)
@@ -65,6 +67,14 @@ type preparedFiles interface {
 	Abort()
 }
 
+// preparedFold is a fold of checkpoints into their child worked out without holding the
+// store (retain.go): installed by Commit, made durable by Finish, or aborted.
+type preparedFold interface {
+	Commit(ctx context.Context) error
+	Finish() error
+	Abort()
+}
+
 // overlayFiles is the daemon's fileStore.
 type overlayFiles struct{ *overlay.Store }
 
@@ -78,6 +88,14 @@ func (f overlayFiles) Prepare(ctx context.Context, req overlay.CaptureRequest) (
 
 func (f overlayFiles) PrepareRollback(ctx context.Context, req overlay.RollbackRequest) (preparedFiles, error) {
 	p, err := f.Store.PrepareRollback(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (f overlayFiles) PrepareFold(ctx context.Context, ids []string, merge overlay.MetaMerge) (preparedFold, error) {
+	p, err := f.Store.PrepareFold(ctx, ids, merge)
 	if err != nil {
 		return nil, err
 	}

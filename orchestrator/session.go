@@ -64,6 +64,8 @@ type session struct {
 	headRollback string
 	bg           sync.WaitGroup // background steps of operations (afterRollback, preforkLater)
 	bgMu         sync.Mutex     // held by the running background step (background)
+	folding      bool           // retention's folder runs (retain.go)
+	ended        bool           // released: the folder installs nothing more
 	started      map[int]bool   // the rollback's copies started in its frozen window, by entry pid
 	hugeSeen     map[int]bool   // pids that had their chance at huge pages (hugepages.go)
 	intentSynced func() error   // waits for the running rollback's intent to be durable
@@ -336,6 +338,7 @@ func (o *Orchestrator) endSession(ctx context.Context, id string) {
 	}
 	<-s.ready
 	s.mu.Lock()
+	s.ended = true
 	s.releaseTemplates("")
 	s.mu.Unlock()
 	if err := s.close(); err != nil {

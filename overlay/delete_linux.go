@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 
 	"github.com/containerd/errdefs"
@@ -30,6 +31,9 @@ func (s *Store) Delete(ctx context.Context, id string, merge ...MetaMerge) error
 	if err := s.persistRollback(); err != nil {
 		return fmt.Errorf("delete checkpoint: %w", err)
 	}
+	if err := s.finishFolds(); err != nil {
+		return fmt.Errorf("delete checkpoint: %w", err)
+	}
 	pos, err := s.lookup(id)
 	if err != nil {
 		return fmt.Errorf("delete checkpoint: %w", err)
@@ -47,7 +51,7 @@ func (s *Store) Delete(ctx context.Context, id string, merge ...MetaMerge) error
 		if len(merge) > 0 {
 			mm = merge[0]
 		}
-		err = s.deleteInner(pos, kids[0], mm)
+		err = s.deleteInner(ctx, pos, kids[0], mm)
 	}
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %s: %w", id, err)
@@ -108,81 +112,55 @@ func (s *Store) deleteLeaf(pos int) error {
 }
 
 // deleteInner folds checkpoint pos into its only child (at chain position kid), rewriting the
-// child's pack, then removes pos. A crash in between leaves both packs; load drops the
-// absorbed one (the child names it).
-func (s *Store) deleteInner(pos, kid int, merge MetaMerge) error {
-	old, next := s.chain[pos], s.chain[kid]
-	m := mergeManifests(old, next)
-	if merge != nil {
-		meta, err := merge(old.Meta, next.Meta)
-		if err != nil {
-			return fmt.Errorf("merge records: %w", err)
-		}
-		m.Meta = meta
-	}
-	f, err := s.tempFile()
-	if err != nil {
-		return fmt.Errorf("create pack: %w", err)
-	}
-	pw := s.newPack(f)
-	err = s.copyContents(pw, m)
-	s.packWritten(pw)
-	if err != nil {
-		pw.abort()
+// child's pack, then removes pos: a fold (fold_linux.go) prepared and installed with the
+// store held. A crash in between leaves both packs; load drops the absorbed one (the child
+// names it).
+func (s *Store) deleteInner(ctx context.Context, pos, kid int, merge MetaMerge) error {
+	p := &PreparedFold{s: s, layers: []*manifest{s.chain[pos], s.chain[kid]}}
+	if err := p.write(s.packs, s.opts.reflink && !s.noClone, merge); err != nil {
 		return err
 	}
-	if err := pw.commit(m, filepath.Join(s.dir, m.ID+packSuffix)); err != nil {
-		pw.abort()
+	if err := p.commit(ctx); err != nil {
 		return err
 	}
-	if f := s.packs[next.ID]; f != nil {
-		f.Close()
-	}
-	s.packs[next.ID] = pw.file()
-	s.chain[kid] = m
-	if err := s.removePack(old.ID); err != nil {
-		return err
-	}
-	s.chain = append(s.chain[:pos], s.chain[pos+1:]...)
-	if s.opts.sync {
-		if err := syncDir(s.dir); err != nil {
-			return err
-		}
-	}
-	h := s.headPos()
-	s.state, s.root = s.foldState(h), s.foldRoot(h)
-	return nil
+	return s.finishFolds()
 }
 
-// mergeManifests returns next with old folded in underneath (entries are copied, and their
-// contents must be copied into the new pack by copyContents).
-func mergeManifests(old, next *manifest) *manifest {
+// mergeManifests returns the last of layers (a path of the tree top down) with the others
+// folded in underneath, in order (entries are copied, and their contents must be copied into
+// the new pack by copyContents). A full layer hides the ones above it.
+func mergeManifests(layers []*manifest) *manifest {
+	next := layers[len(layers)-1]
 	m := *next
-	m.Parent, m.Full, m.Absorbed = old.Parent, old.Full || next.Full, old.ID
-	m.Version = manifestVer // copyContents gives every entry with content a digest
-	if m.Root == nil {
-		m.Root = old.Root
+	m.Parent, m.Version = layers[0].Parent, manifestVer // copyContents gives every entry with content a digest
+	m.Absorbed, m.Folded = layers[len(layers)-2].ID, nil
+	for _, l := range layers[:len(layers)-2] {
+		m.Folded = append(m.Folded, l.ID)
 	}
-	entries := map[string]*Entry{}
-	if !next.Full {
-		for _, e := range old.Entries {
-			entries[e.Path] = e
+	from := 0
+	for i, l := range layers {
+		m.Full = m.Full || l.Full
+		if l.Full {
+			from = i
 		}
 	}
-	for _, e := range next.Entries {
-		entries[e.Path] = e
+	for i := len(layers) - 1; m.Root == nil && i >= 0; i-- {
+		m.Root = layers[i].Root
 	}
-	m.Entries = nil
-	for _, e := range entries {
-		c := *e
-		m.Entries = append(m.Entries, &c)
+	merged := layers[from].Entries
+	for _, l := range layers[from+1:] {
+		merged = overrideEntries(merged, l.Entries)
 	}
-	sort.Slice(m.Entries, func(i, j int) bool { return pathLess(m.Entries[i].Path, m.Entries[j].Path) })
+	copies := make([]Entry, len(merged))
+	m.Entries = make([]*Entry, len(merged))
+	for i, e := range merged {
+		copies[i] = *e
+		m.Entries[i] = &copies[i]
+	}
 	m.Index = map[string]*Key{}
-	if !next.Full {
-		applyPending(m.Index, old.Index)
+	for _, l := range layers[from:] {
+		applyPending(m.Index, l.Index)
 	}
-	applyPending(m.Index, next.Index)
 	if m.Full {
 		for p, k := range m.Index {
 			if k == nil {
@@ -193,11 +171,71 @@ func mergeManifests(old, next *manifest) *manifest {
 	return &m
 }
 
-// copyContents copies every content extent m's entries reference into pw (once per extent)
-// and points the entries at their new offsets.
-func (s *Store) copyContents(pw *packWriter, m *manifest) error {
+// overrideEntries returns base's entries with top's in their place and added, in pathLess
+// order: one pass over both once sorted (a merged pack's entries already are, so folding a
+// small delta into a big merged layer does not sort or hash the big one).
+func overrideEntries(base, top []*Entry) []*Entry {
+	less := func(a, b *Entry) int {
+		switch {
+		case a.Path == b.Path:
+			return 0
+		case pathLess(a.Path, b.Path):
+			return -1
+		}
+		return 1
+	}
+	if !slices.IsSortedFunc(base, less) {
+		base = slices.Clone(base)
+		slices.SortStableFunc(base, less)
+	}
+	if !slices.IsSortedFunc(top, less) {
+		top = slices.Clone(top)
+		slices.SortStableFunc(top, less)
+	}
+	out := make([]*Entry, 0, len(base)+len(top))
+	i, j := 0, 0
+	for i < len(base) || j < len(top) {
+		switch {
+		case j == len(top):
+			out = append(out, base[i])
+			i++
+		case i == len(base):
+			out = append(out, top[j])
+			j++
+		default:
+			c := less(base[i], top[j])
+			if c <= 0 {
+				if c < 0 {
+					out = append(out, base[i])
+				}
+				i++
+				continue
+			}
+			out = append(out, top[j])
+			j++
+		}
+	}
+	return dedupLast(out)
+}
+
+// dedupLast keeps the last of entries with the same path (a layer names a path once; this
+// keeps a damaged one that does not from carrying both).
+func dedupLast(es []*Entry) []*Entry {
+	out := es[:0]
+	for i, e := range es {
+		if i+1 < len(es) && es[i+1].Path == e.Path {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// copyContents copies every content extent m's entries reference (in packs, by checkpoint)
+// into pw (once per extent) and points the entries at their new offsets.
+func copyContents(pw *packWriter, m *manifest, packs map[string]*os.File) error {
 	if !pw.reflink && bulkCopy {
-		return s.copyContentsBulk(pw, m)
+		return copyContentsBulk(pw, m, packs)
 	}
 	type extent struct {
 		ckpt string
@@ -213,7 +251,7 @@ func (s *Store) copyContents(pw *packWriter, m *manifest) error {
 		dst, ok := moved[src]
 		if !ok {
 			var err error
-			if dst, err = s.moveContent(pw, e); err != nil {
+			if dst, err = moveContent(pw, e, packs[e.ckpt]); err != nil {
 				return err
 			}
 			moved[src] = dst
@@ -231,8 +269,7 @@ type movedExtent struct {
 
 // moveContent copies e's content into pw. Content with a recorded digest must still have it:
 // damage is refused, never carried into the merged pack under a fresh digest.
-func (s *Store) moveContent(pw *packWriter, e *Entry) (movedExtent, error) {
-	f := s.packs[e.ckpt]
+func moveContent(pw *packWriter, e *Entry, f *os.File) (movedExtent, error) {
 	if f == nil {
 		return movedExtent{}, fmt.Errorf("content of %q: checkpoint %s not open", e.Path, e.ckpt)
 	}
@@ -268,7 +305,7 @@ const (
 // checkpoint of 5,000 small files into its child (retention, at every checkpoint past the
 // bound) otherwise makes 15,000 syscalls. Each extent is still checked against its pack's
 // size and its recorded digest, from the run's buffer.
-func (s *Store) copyContentsBulk(pw *packWriter, m *manifest) error {
+func copyContentsBulk(pw *packWriter, m *manifest, packs map[string]*os.File) error {
 	type extent struct {
 		ckpt      string
 		off, size int64
@@ -297,7 +334,7 @@ func (s *Store) copyContentsBulk(pw *packWriter, m *manifest) error {
 	h := xxh3.New()
 	for i := 0; i < len(order); {
 		first := order[i]
-		f := s.packs[first.ckpt]
+		f := packs[first.ckpt]
 		if f == nil {
 			return fmt.Errorf("content of %q: checkpoint %s not open", users[first][0].Path, first.ckpt)
 		}

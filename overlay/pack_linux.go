@@ -45,6 +45,7 @@ type manifest struct {
 	Created  time.Time       `json:"created"`
 	Rollback string          `json:"rollback,omitempty"` // nonce of the rollback it absorbed
 	Absorbed string          `json:"absorbed,omitempty"` // the deleted parent it absorbed (see Delete)
+	Folded   []string        `json:"folded,omitempty"`   // the deleted ancestors it absorbed with Absorbed (PrepareFold)
 	Entries  []*Entry        `json:"entries"`
 	Index    map[string]*Key `json:"index"`          // change-detection keys; nil deletes
 	Meta     json.RawMessage `json:"meta,omitempty"` // the caller's record of the checkpoint
@@ -153,6 +154,22 @@ func copyPread(src int, srcOff int64, dst int, dstOff int64, size int64) (int64,
 
 // commit appends the manifest and footer, makes the pack durable and renames it to final.
 func (w *packWriter) commit(m *manifest, final string) error {
+	if err := w.seal(m); err != nil {
+		return err
+	}
+	if err := os.Rename(w.f.Name(), final); err != nil {
+		return fmt.Errorf("rename pack: %w", err)
+	}
+	w.done = true
+	if w.sync {
+		return syncDir(filepath.Dir(final))
+	}
+	return nil
+}
+
+// seal writes the manifest and footer after the contents and syncs the pack (commit without
+// the rename).
+func (w *packWriter) seal(m *manifest) error {
 	data, err := json.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("encode manifest: %w", err)
@@ -169,13 +186,6 @@ func (w *packWriter) commit(m *manifest, final string) error {
 		if err := unix.Fdatasync(int(w.f.Fd())); err != nil {
 			return fmt.Errorf("fsync pack: %w", err)
 		}
-	}
-	if err := os.Rename(w.f.Name(), final); err != nil {
-		return fmt.Errorf("rename pack: %w", err)
-	}
-	w.done = true
-	if w.sync {
-		return syncDir(filepath.Dir(final))
 	}
 	return nil
 }

@@ -55,6 +55,8 @@ type Store struct {
 	// or a pack writer since: pack writers copy from the start (newPack), and merges copy in
 	// runs (copyContentsBulk).
 	noClone bool
+	// unfinished are the packs of committed folds not yet removed (PreparedFold.Finish).
+	unfinished []string
 }
 
 // newPack is a pack writer into f, cloning extents unless the filesystem is known to refuse
@@ -302,6 +304,9 @@ func (s *Store) repairChain() error {
 	for _, m := range s.chain {
 		if m.Absorbed != "" {
 			absorbed[m.Absorbed] = true
+		}
+		for _, id := range m.Folded {
+			absorbed[id] = true
 		}
 	}
 	for id := range absorbed {
