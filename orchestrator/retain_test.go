@@ -123,7 +123,7 @@ func TestRetentionFoldsBigCheckpointsAfterTheAnswer(t *testing.T) {
 func TestRetentionFoldOvertaken(t *testing.T) {
 	t.Run("slack exceeded", func(t *testing.T) {
 		r, _, release := foldRig(t, 16) // slack 2
-		for range 2 { // 18: two waiting; 19: three, past the slack
+		for range 2 {                   // 18: two waiting; 19: three, past the slack
 			r.checkpointWithin()
 		}
 		if n := r.count(); n != 16 {

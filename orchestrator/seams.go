@@ -41,7 +41,7 @@ type fileStore interface {
 	SyncRollback() error                                                                     // makes the record on disk durable (at start)
 	Delete(ctx context.Context, id string, merge ...overlay.MetaMerge) error
 	PrepareFold(ctx context.Context, ids []string, merge overlay.MetaMerge) (preparedFold, error) // Delete of inner checkpoints, worked out unlocked
-	Entries(id string) int                                                                         // how many entries checkpoint id records
+	Entries(id string) int                                                                        // how many entries checkpoint id records
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error
 	ReadFile(ctx context.Context, id, path string, w io.Writer) (overlay.FileInfo, error)
