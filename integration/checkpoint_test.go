@@ -427,6 +427,25 @@ func TestLongL1ChainGetsAnL2(t *testing.T) {
 	if out := d.cli("exec", id, "--", "sh", "-c", "cat /root/f*"); out != "0\n" {
 		t.Fatalf("rollback across the automatic L2: %q", out)
 	}
+	// The automatic L2 is cut as a delta and made full after the answer (the daemon says
+	// so); it restores, also after a restart.
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(d.logs.String(), "automatic l2 compacted") {
+		if time.Now().After(deadline) {
+			t.Fatal("the automatic l2 was never compacted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, restart := range []bool{false, true} {
+		if restart {
+			d.kill()
+			d.start()
+		}
+		d.cli("rollback", id, "--to", "5")
+		if out := d.cli("exec", id, "--", "sh", "-c", "cat /root/f*"); out != "0\n1\n2\n3\n" {
+			t.Fatalf("rollback to the compacted L2 (restart %v): %q", restart, out)
+		}
+	}
 }
 
 // TestWriteThroughMappingIsCaptured: a process writes through a shared writable mmap, which
@@ -489,4 +508,57 @@ func TestRetentionKeepsLeaseCheckpoint(t *testing.T) {
 	if _, _, code := d.cliRaw("exec", id, "--", "test", "-e", "/root/n"); code == 0 {
 		t.Fatal("files not rolled back to the lease checkpoint")
 	}
+}
+
+// TestRetentionFoldsABigCheckpoint: past the bound, the big checkpoint (1,500 files) is
+// folded into its children after the checkpoints' answers (retain.go), the tree holding at
+// most the slack more meanwhile; once settled every checkpoint left restores its files, the
+// folded-into one the big checkpoint's too, also after a kill -9 and restart.
+func TestRetentionFoldsABigCheckpoint(t *testing.T) {
+	d := startDaemonWith(t, "[checkpoints]\nretain = 16\n")
+	d.createPool("bb", busyboxImage, 1)
+	id := d.lease("bb").ID
+	d.cli("exec", id, "--", "sh", "-c", "mkdir /root/many && cd /root/many && for i in $(seq 1500); do echo $i > f$i; done")
+	d.cli("checkpoint", "create", id)
+	for i := range 24 {
+		d.cli("exec", id, "--", "sh", "-c", fmt.Sprintf("echo %d > /root/n && echo x%d > /root/many/f%d", i, i, i+1))
+		d.cli("checkpoint", "create", id)
+		if n := len(d.checkpointIDs(id)); n > 16+2 {
+			t.Fatalf("%d checkpoints after checkpoint %d: bound 16, slack 2", n, i)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(d.checkpointIDs(id)) != 16 {
+		if time.Now().After(deadline) {
+			t.Fatalf("retention never settled: %v", d.checkpointIDs(id))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	check := func(ck string) {
+		t.Helper()
+		var c api.Checkpoint
+		d.cliJSON(&c, "checkpoint", "inspect", id, ck)
+		d.cli("rollback", id, "--to", ck)
+		n, err := strconv.Atoi(strings.TrimSpace(d.cli("exec", id, "--", "cat", "/root/n")))
+		if err != nil {
+			t.Fatalf("checkpoint %s: /root/n: %v", ck, err)
+		}
+		want := fmt.Sprintf("%d x%d %d 1500", n, n, n+2)
+		got := strings.Join(strings.Fields(d.cli("exec", id, "--", "sh", "-c",
+			fmt.Sprintf("cat /root/n /root/many/f%d /root/many/f%d; ls /root/many | wc -l", n+1, n+2))), " ")
+		if got != want {
+			t.Fatalf("checkpoint %s restores %q, want %q", ck, got, want)
+		}
+	}
+	ids := d.checkpointIDs(id)
+	for _, ck := range []string{ids[1], ids[len(ids)-1], ids[1]} {
+		check(ck)
+	}
+	d.kill()
+	d.start()
+	if got := d.checkpointIDs(id); fmt.Sprint(got) != fmt.Sprint(ids) {
+		t.Fatalf("checkpoints after a restart: %v, were %v", got, ids)
+	}
+	check(ids[2])
+	check(ids[1])
 }

@@ -57,13 +57,17 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	if err := o.finishPending(ctx, s); err != nil {
 		return api.Checkpoint{}, err
 	}
-	if req.Level == "" && o.opts.L2Every > 0 && s.l1Chain() >= o.opts.L2Every {
+	autoL2 := req.Level == "" && o.opts.L2Every > 0 && s.l1Chain() >= o.opts.L2Every
+	if autoL2 {
 		req.Level = api.LevelL2 // compaction: bound the delta chain a rollback has to fold
 		req.Message = strings.TrimSpace(req.Message + " (automatic l2)")
 	}
 	level, err := levelOf(req.Level)
 	if err != nil {
 		return api.Checkpoint{}, err
+	}
+	if autoL2 { // cut as a delta, made full after the answer (compactLater)
+		level = overlay.L1
 	}
 	if err := validateName(req.Name); err != nil {
 		return api.Checkpoint{}, err
@@ -109,6 +113,9 @@ func (o *Orchestrator) checkpoint(ctx context.Context, s *session, req api.Check
 	}
 	if fallback != "" {
 		rec.ProcCkpt = s.criuEntries(rec.Procs, fallback)
+	}
+	if autoL2 && rec.Level == api.LevelL2 {
+		s.toCompact = rec.ID
 	}
 	if req.Async {
 		if pp != nil { // the answer says how each process is kept
@@ -206,6 +213,9 @@ func (o *Orchestrator) record(ctx context.Context, s *session, req api.Checkpoin
 		"files", rec.FilesChanged, "bytes", rec.Bytes, "frozen_ms", rec.FrozenMS, "total_ms", rec.TotalMS)
 	tr := time.Now()
 	o.retain(ctx, s)
+	if s.toCompact == rec.ID {
+		o.foldLater(ctx, s)
+	}
 	tb := time.Now()
 	if len(tpls) > 0 {
 		o.boundTemplates(ctx, s, rec.ID)

@@ -77,10 +77,12 @@ type fakeFiles struct {
 	diskHead    string
 	diskMeta    []byte
 	failPersist error
-	entries     map[string]int // Entries, by checkpoint (0 when unset)
-	foldMu      sync.Mutex     // guards folds: PrepareFold runs without the session lock
-	folds       [][]string     // PrepareFold calls
-	onFold      func()         // called by PrepareFold, before it returns (the session lock is free)
+	entries     map[string]int  // Entries, by checkpoint (0 when unset)
+	foldMu      sync.Mutex      // guards folds: PrepareFold runs without the session lock
+	folds       [][]string      // PrepareFold calls
+	compacts    []string        // PrepareCompact calls
+	levels      []overlay.Level // the levels captures were asked for
+	onFold      func()          // called by PrepareFold, before it returns (the session lock is free)
 }
 
 func (f *fakeFiles) PersistRollback() error {
@@ -126,6 +128,7 @@ func (f *fakeFiles) Head() string                   { return f.head }
 func (f *fakeFiles) HeadMeta() []byte               { return f.headMeta }
 func (f *fakeFiles) Prepare(_ context.Context, req overlay.CaptureRequest) (pendingFiles, error) {
 	f.unwritten = false // the store writes the record before the capture's
+	f.levels = append(f.levels, req.Level)
 	return &fakePending{f: f, id: req.ID}, nil
 }
 func (f *fakeFiles) Rollback(_ context.Context, req overlay.RollbackRequest) (*overlay.RollbackResult, error) {
@@ -222,6 +225,14 @@ func (f *fakeFiles) PrepareFold(ctx context.Context, ids []string, merge overlay
 		f.onFold()
 	}
 	return &fakeFold{f: f, ids: slices.Clone(ids), merge: merge}, nil
+}
+
+// PrepareCompact returns a compaction that changes nothing when committed.
+func (f *fakeFiles) PrepareCompact(ctx context.Context, id string) (preparedFold, error) {
+	f.foldMu.Lock()
+	f.compacts = append(f.compacts, id)
+	f.foldMu.Unlock()
+	return &fakeFold{f: f}, nil
 }
 
 // fakeFold is fakeFiles' prepared fold.

@@ -100,7 +100,15 @@ func (o *Orchestrator) foldLater(ctx context.Context, s *session) {
 func (o *Orchestrator) foldOnce(ctx context.Context, s *session) bool {
 	s.mu.Lock()
 	run, more := o.nextFold(ctx, s)
+	compact := ""
+	if len(run) == 0 && more && s.toCompact != "" {
+		compact, s.toCompact = s.toCompact, ""
+	}
 	s.mu.Unlock()
+	if compact != "" {
+		o.compactOnce(ctx, s, compact)
+		return true
+	}
 	if len(run) == 0 {
 		return more
 	}
@@ -113,8 +121,10 @@ func (o *Orchestrator) foldOnce(ctx context.Context, s *session) bool {
 	}
 	prepared := time.Now()
 	s.mu.Lock()
+	locked := time.Now()
 	err = o.installFold(ctx, s, run, pf)
 	s.mu.Unlock()
+	installed := time.Now()
 	if err != nil {
 		pf.Abort()
 		if errdefs.IsFailedPrecondition(err) { // the tree moved meanwhile: choose again
@@ -131,16 +141,63 @@ func (o *Orchestrator) foldOnce(ctx context.Context, s *session) bool {
 	for _, id := range run {
 		_ = s.rec.remove(id)
 	}
-	log.L(ctx).Debug("retention: folded", "sandbox", s.id, "checkpoints", run,
-		"prepare", prepared.Sub(start), "install", time.Since(prepared))
+	log.L(ctx).Debug("retention: folded", "sandbox", s.id, "checkpoints", run, "prepare", prepared.Sub(start),
+		"lock_wait", locked.Sub(prepared), "install", installed.Sub(locked), "finish", time.Since(installed))
 	return true
 }
 
+// compactOnce makes checkpoint id (an automatic L2, cut as a delta) self-contained in the
+// layer store: prepared without the session lock, installed under it. A compaction the tree
+// overtook (an ancestor folded meanwhile) is tried again, up to three times.
+func (o *Orchestrator) compactOnce(ctx context.Context, s *session, id string) {
+	start := time.Now()
+	pf, err := s.fs.PrepareCompact(ctx, id)
+	if err != nil || pf == nil {
+		if err != nil {
+			log.L(ctx).Warn("compact an automatic l2", "sandbox", s.id, "checkpoint", id, "error", err)
+		}
+		return
+	}
+	prepared := time.Now()
+	s.mu.Lock()
+	if s.ended || o.closed.Load() {
+		err = fmt.Errorf("the session ended: %w", errdefs.ErrFailedPrecondition)
+	} else {
+		err = pf.Commit(ctx)
+	}
+	if errdefs.IsFailedPrecondition(err) && !s.ended && s.find(id) >= 0 && s.compactTries < 3 && s.toCompact == "" {
+		s.compactTries++
+		s.toCompact = id
+	}
+	if err == nil {
+		s.compactTries = 0
+	}
+	s.mu.Unlock()
+	if err != nil {
+		pf.Abort()
+		log.L(ctx).Debug("compact an automatic l2", "sandbox", s.id, "checkpoint", id, "error", err)
+		return
+	}
+	if err := pf.Finish(); err != nil {
+		log.L(ctx).Warn("finish a compaction", "sandbox", s.id, "checkpoint", id, "error", err)
+	}
+	log.L(ctx).Debug("automatic l2 compacted", "sandbox", s.id, "checkpoint", id, "prepare", prepared.Sub(start),
+		"install", time.Since(prepared))
+}
+
 // nextFold returns the run the folder folds next (nil when none; more reports whether the
-// folder goes on: false once nothing is left). Callers hold s.mu.
+// folder goes on: false once nothing is left, no compaction waiting either). Callers hold
+// s.mu.
 func (o *Orchestrator) nextFold(ctx context.Context, s *session) (run []string, more bool) {
+	if s.ended || o.closed.Load() {
+		s.folding = false
+		return nil, false
+	}
 	victims := s.retentionVictims(o.retainBounds())
-	if len(victims) == 0 || s.ended || o.closed.Load() {
+	if len(victims) == 0 {
+		if s.toCompact != "" {
+			return nil, true
+		}
 		s.folding = false
 		return nil, false
 	}
@@ -184,13 +241,18 @@ func (o *Orchestrator) installFold(ctx context.Context, s *session, run []string
 			return fmt.Errorf("checkpoint %s changed since its fold was prepared: %w", id, errdefs.ErrFailedPrecondition)
 		}
 	}
+	start := time.Now()
 	if err := pf.Commit(ctx); err != nil {
 		return err
 	}
+	committed := time.Now()
 	for _, id := range run {
 		o.forgetFolded(ctx, s, id)
 	}
+	forgot := time.Now()
 	o.compact(ctx, s)
+	log.L(ctx).Debug("retention: fold installed", "sandbox", s.id, "commit", committed.Sub(start),
+		"records", forgot.Sub(committed), "compact", time.Since(forgot))
 	return nil
 }
 

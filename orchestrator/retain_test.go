@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/deltabox/deltabox/orchestrator/api"
+	"github.com/deltabox/deltabox/overlay"
 )
 
 // foldRig is a rig whose second checkpoint is big (its fold runs after the answer) and
@@ -176,5 +177,32 @@ func TestRetentionFoldsSmallCheckpointsInline(t *testing.T) {
 	r.settled()
 	if len(r.fs.folds) != 0 {
 		t.Fatalf("small folds went to the folder: %v", r.fs.folds)
+	}
+}
+
+// TestAutomaticL2IsCompactedAfterTheAnswer: the checkpoint after l2_every L1s is recorded
+// as an L2 but cut as a delta (a full capture of a big upper dir froze the sandbox for tens
+// of milliseconds), and the folder then makes it self-contained.
+func TestAutomaticL2IsCompactedAfterTheAnswer(t *testing.T) {
+	r := newRig(t, 64)
+	r.o.opts.L2Every = 3
+	var levels []string
+	for range 5 {
+		r.patch()
+		c, err := r.o.Checkpoint(context.Background(), "sb", api.CheckpointRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		levels = append(levels, c.Level)
+	}
+	r.settled()
+	if got := fmt.Sprint(levels); got != "[l1 l1 l1 l2 l1]" {
+		t.Fatalf("levels %s", got)
+	}
+	if got := fmt.Sprint(r.fs.levels); got != fmt.Sprint([]overlay.Level{overlay.L1, overlay.L1, overlay.L1, overlay.L1, overlay.L1, overlay.L1}) {
+		t.Fatalf("captures asked for levels %s: the automatic L2 must be cut as a delta", got)
+	}
+	if got := fmt.Sprint(r.fs.compacts); got != "[5]" {
+		t.Fatalf("compactions %s, want [5] (the automatic l2)", got)
 	}
 }

@@ -41,6 +41,7 @@ type fileStore interface {
 	SyncRollback() error                                                                     // makes the record on disk durable (at start)
 	Delete(ctx context.Context, id string, merge ...overlay.MetaMerge) error
 	PrepareFold(ctx context.Context, ids []string, merge overlay.MetaMerge) (preparedFold, error) // Delete of inner checkpoints, worked out unlocked
+	PrepareCompact(ctx context.Context, id string) (preparedFold, error)                          // makes id self-contained, worked out unlocked (nil: it is)
 	Entries(id string) int                                                                        // how many entries checkpoint id records
 	Diff(ctx context.Context, from, to string) ([]overlay.DiffEntry, error)
 	Export(ctx context.Context, id string, w io.Writer) error
@@ -97,6 +98,14 @@ func (f overlayFiles) PrepareRollback(ctx context.Context, req overlay.RollbackR
 func (f overlayFiles) PrepareFold(ctx context.Context, ids []string, merge overlay.MetaMerge) (preparedFold, error) {
 	p, err := f.Store.PrepareFold(ctx, ids, merge)
 	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (f overlayFiles) PrepareCompact(ctx context.Context, id string) (preparedFold, error) {
+	p, err := f.Store.PrepareCompact(ctx, id)
+	if err != nil || p == nil {
 		return nil, err
 	}
 	return p, nil

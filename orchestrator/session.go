@@ -65,6 +65,8 @@ type session struct {
 	bg           sync.WaitGroup // background steps of operations (afterRollback, preforkLater)
 	bgMu         sync.Mutex     // held by the running background step (background)
 	folding      bool           // retention's folder runs (retain.go)
+	toCompact    string         // an automatic L2 cut as a delta, for the folder to make full
+	compactTries int            // compactions of it the tree overtook
 	ended        bool           // released: the folder installs nothing more
 	started      map[int]bool   // the rollback's copies started in its frozen window, by entry pid
 	hugeSeen     map[int]bool   // pids that had their chance at huge pages (hugepages.go)

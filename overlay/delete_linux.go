@@ -123,6 +123,7 @@ func (s *Store) deleteInner(ctx context.Context, pos, kid int, merge MetaMerge) 
 	if err := p.commit(ctx); err != nil {
 		return err
 	}
+	p.closeRetired()
 	return s.finishFolds()
 }
 

@@ -64,6 +64,7 @@ func TestPrepareFoldLetsTheStoreWork(t *testing.T) {
 	walks["c5"] = walkTree(t, f.merged)
 	must(t, p.Commit(t.Context()))
 	must(t, p.Finish())
+	verifyNone(t, f, f.s.Head(), VerifyMtimes())
 	if got := f.s.Checkpoints(); !slices.Equal(got, []string{"c0", "c3", "c4", "c5"}) {
 		t.Fatalf("checkpoints after the fold: %v", got)
 	}
@@ -193,5 +194,59 @@ func TestMergeManifestsSortedMerge(t *testing.T) {
 	c.Full = true
 	if m := mergeManifests([]*manifest{a, b, c}); len(m.Entries) != 3 {
 		t.Fatalf("a full last layer must hide the others: %d entries", len(m.Entries))
+	}
+}
+
+// TestPrepareCompact makes c3 self-contained without holding the store: with the head below
+// it (the head's state moves to the new pack) and on another branch (it stays), c3 and
+// every other checkpoint restore as they were, across a reopen, and its ancestors can go
+// without it. A compaction whose ancestry was folded meanwhile is refused.
+func TestPrepareCompact(t *testing.T) {
+	for _, head := range []string{"below", "other branch"} {
+		t.Run(head, func(t *testing.T) {
+			f, walks := foldFixture(t)
+			p, err := f.s.PrepareCompact(t.Context(), "c3")
+			must(t, err)
+			if head == "other branch" {
+				f.rollback(t, "c1")
+				putFile(t, f.m("branch.txt"), "b")
+				f.capture(t, "c5", L1)
+				walks["c5"] = walkTree(t, f.merged)
+			}
+			must(t, p.Commit(t.Context()))
+			must(t, p.Finish())
+			if pos := f.s.position("c3"); !f.s.chain[pos].Full || f.s.chain[pos].Parent != "c2" {
+				t.Fatalf("c3 after its compaction: full %v, parent %q", f.s.chain[pos].Full, f.s.chain[pos].Parent)
+			}
+			verifyNone(t, f, f.s.Head(), VerifyMtimes()) // the head's state reads the new pack
+			if head == "below" { // a capture from the moved state
+				putFile(t, f.m("many/f150"), "after the compaction")
+				f.capture(t, "c5", L1)
+				walks["c5"] = walkTree(t, f.merged)
+			}
+			for _, reopen := range []bool{false, true} {
+				if reopen {
+					f.reopen(t)
+				}
+				for _, id := range []string{"c3", "c5", "c0", "c4", "c1"} {
+					f.rollback(t, id)
+					assertTree(t, walks[id], walkTree(t, f.merged), true)
+				}
+			}
+		})
+	}
+	t.Run("ancestry folded meanwhile", func(t *testing.T) {
+		f, walks := foldFixture(t)
+		p, err := f.s.PrepareCompact(t.Context(), "c3")
+		must(t, err)
+		must(t, f.s.Delete(t.Context(), "c1"))
+		if err := p.Commit(t.Context()); !errdefs.IsFailedPrecondition(err) {
+			t.Fatalf("compaction over a changed ancestry: %v", err)
+		}
+		f.rollback(t, "c3")
+		assertTree(t, walks["c3"], walkTree(t, f.merged), true)
+	})
+	if p, err := newFixture(t, standardLower).s.PrepareCompact(t.Context(), "nope"); !errdefs.IsNotFound(err) || p != nil {
+		t.Fatalf("compaction of a missing checkpoint: %v", err)
 	}
 }
