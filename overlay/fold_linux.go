@@ -34,9 +34,9 @@ type PreparedFold struct {
 	s       *Store
 	compact bool        // PrepareCompact: the layers above stay, the last one becomes full
 	layers  []*manifest // as prepared: the folded checkpoints top down, then the child
-	m      *manifest   // the child as merged
-	pw     *packWriter // m's pack, not yet renamed into place
-	gone   []string    // after Commit: the folded packs' paths, removed by Finish
+	m       *manifest   // the child as merged
+	pw      *packWriter // m's pack, not yet renamed into place
+	gone    []string    // after Commit: the folded packs' paths, removed by Finish
 	// retired are the replaced packs' descriptors, closed by Finish: closing the last
 	// descriptor of the child's old pack (renamed over) frees its blocks, ~0.3 ms here.
 	retired []*os.File

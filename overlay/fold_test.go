@@ -219,7 +219,7 @@ func TestPrepareCompact(t *testing.T) {
 				t.Fatalf("c3 after its compaction: full %v, parent %q", f.s.chain[pos].Full, f.s.chain[pos].Parent)
 			}
 			verifyNone(t, f, f.s.Head(), VerifyMtimes()) // the head's state reads the new pack
-			if head == "below" { // a capture from the moved state
+			if head == "below" {                         // a capture from the moved state
 				putFile(t, f.m("many/f150"), "after the compaction")
 				f.capture(t, "c5", L1)
 				walks["c5"] = walkTree(t, f.merged)
