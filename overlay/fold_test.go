@@ -148,13 +148,13 @@ func TestFoldInterruptedBeforeFinish(t *testing.T) {
 	assertTree(t, walks["c3"], walkTree(t, f.merged), true)
 
 	// Unfinished, then the merged checkpoint folded again (into c4) or deleted as a leaf
-	// (then c3 is the head): the first fold's packs go first.
+	// (then c1 is the head): the first fold's packs go first.
 	for _, again := range []string{"fold", "delete"} {
 		f, walks := foldFixture(t)
 		p, err := f.s.PrepareFold(t.Context(), []string{"c2", "c3"}, nil)
 		must(t, err)
 		must(t, p.Commit(t.Context()))
-		want := []string{"c0", "c1", "c4"}
+		var want []string
 		if again == "fold" {
 			must(t, f.s.Delete(t.Context(), "c1")) // c1 folds into c4
 			want = []string{"c0", "c4"}
