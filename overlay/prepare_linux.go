@@ -67,7 +67,8 @@ func (p *PreparedRollback) Rollback(ctx context.Context, open OpenFiles, beforeW
 	defer p.fds.close()
 	defer func() { p.w.close() }()
 	ph := p.ph
-	checked := p.current(s, open)
+	why := p.stale(s, open)
+	checked := why == ""
 	if !checked {
 		p.w.close()
 		p.req.Open = open
@@ -87,7 +88,7 @@ func (p *PreparedRollback) Rollback(ctx context.Context, open OpenFiles, beforeW
 	end := time.Now()
 	res.Prepared = checked
 	res.Phases = RollbackPhases{Total: end.Sub(start), Index: end.Sub(ph.written), Prepared: checked,
-		BeforeWrite: ph.writing.Sub(ph.planned), Write: ph.written.Sub(ph.writing)}
+		BeforeWrite: ph.writing.Sub(ph.planned), Write: ph.written.Sub(ph.writing), Replanned: why}
 	if checked { // scanned and planned before: the window only checked
 		res.Phases.Scan, res.Phases.Plan, res.Phases.Check = ph.scanned.Sub(p.start), ph.planned.Sub(ph.scanned), inWindow.Sub(start)
 		res.Phases.BeforeWrite = ph.writing.Sub(inWindow)
@@ -109,31 +110,39 @@ func (p *PreparedRollback) Abort() {
 	s.mu.Unlock()
 }
 
-// current reports whether the prepared plan still holds: the change tracker vouched for the
-// scan and has seen no change in the upper dir since (the caller has frozen the sandbox, so
-// every write it made is reported by now), files mapped shared and writable now were planned
-// as changed (mapped when prepared: a write through a mapping raises no event), and every
-// file held open for writing or mapped now is as the scan saw it (sawOpen: a write through a
-// mapping made and removed since raises no event either, but moves the file's mtime).
-func (p *PreparedRollback) current(s *Store, open OpenFiles) bool {
+// stale says why the prepared plan no longer holds ("" when it does): it holds when the
+// change tracker vouched for the scan and has seen no change in the upper dir since (the
+// caller has frozen the sandbox, so every write it made is reported by now), files mapped
+// shared and writable now were planned as changed (mapped when prepared: a write through a
+// mapping raises no event), and every file held open for writing or mapped now is as the
+// scan saw it (sawOpen: a write through a mapping made and removed since raises no event
+// either, but moves the file's mtime).
+func (p *PreparedRollback) stale(s *Store, open OpenFiles) string {
 	trk := p.w.res.trk
-	if trk == nil || !trk.quietSince(p.w.res.tok) {
-		return false
+	if trk == nil {
+		return "the scan was not tracked"
+	}
+	if why := trk.quietSince(p.w.res.tok); why != "" {
+		return why
 	}
 	for _, m := range open.Mapped {
 		if !slices.Contains(p.req.Open.Mapped, m) {
-			return false
+			return m + " is mapped shared now, not when prepared"
 		}
 	}
-	return p.sawOpen(s, open.all())
+	if f := p.sawOpen(s, open.all()); f != "" {
+		return f + " open now is not as the scan saw it"
+	}
+	return ""
 }
 
-// sawOpen reports whether the prepared scan saw each of files (paths as the sandbox sees
-// them) as the upper dir holds it now: absent then and now, or with the same stat, as the
-// scan found it changed or, when it did not list it, as the index has it.
-func (p *PreparedRollback) sawOpen(s *Store, files []string) bool {
+// sawOpen returns the first of files (paths as the sandbox sees them) the prepared scan did
+// not see as the upper dir holds it now ("" when it saw them all): absent then and now, or
+// with the same stat, as the scan found it changed or, when it did not list it, as the
+// index has it.
+func (p *PreparedRollback) sawOpen(s *Store, files []string) string {
 	if len(files) == 0 {
-		return true
+		return ""
 	}
 	seen := map[string]*Key{}
 	for _, c := range p.w.res.changed {
@@ -154,10 +163,10 @@ func (p *PreparedRollback) sawOpen(s *Store, files []string) bool {
 		}
 		have, err := upperKey(p.fds.upper, rel)
 		if err != nil || (have == nil) != (want == nil) || (have != nil && *have != *want) {
-			return false
+			return f
 		}
 	}
-	return true
+	return ""
 }
 
 // upperKey returns the stat key of rel in the upper dir (nil when it is not there).

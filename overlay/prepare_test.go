@@ -41,7 +41,7 @@ func TestPreparedRollbackAppliesThePlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !res.Prepared {
-		t.Fatalf("nothing changed since the preparation, yet the rollback was worked out again: %+v", res.Phases)
+		t.Fatalf("nothing changed since the preparation, yet the rollback was worked out again (%s): %+v", res.Phases.Replanned, res.Phases)
 	}
 	assertTree(t, base, walkTree(t, f.merged), true)
 	if f.s.Head() != "c0" {
@@ -83,6 +83,9 @@ func TestPreparedRollbackSeesLaterChanges(t *testing.T) {
 			assertTree(t, base, walkTree(t, f.merged), true)
 			if res.Prepared {
 				t.Fatal("the sandbox changed the tree after the preparation, yet the prepared plan was applied")
+			}
+			if res.Phases.Replanned == "" {
+				t.Fatal("a prepared plan worked out again, and the phases do not say why")
 			}
 		})
 	}
@@ -130,7 +133,11 @@ func TestPreparedRollbackOpenFiles(t *testing.T) {
 		putFile(t, f.m("data/a.txt"), "changed")
 		p = f.prepare(t, "c0", OpenFiles{})
 		if res, err = p.Rollback(context.Background(), open, nil); err != nil || !res.Prepared {
-			t.Fatalf("a file open for writing and unchanged since the preparation: prepared %v, %v; want the plan applied", res != nil && res.Prepared, err)
+			why := ""
+			if res != nil {
+				why = res.Phases.Replanned
+			}
+			t.Fatalf("a file open for writing and unchanged since the preparation: replanned (%q), %v; want the plan applied", why, err)
 		}
 		assertTree(t, base, walkTree(t, f.merged), true)
 	}

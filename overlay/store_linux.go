@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -49,6 +50,7 @@ type Store struct {
 	trk      *tracker       // change tracker of the upper dir (nil until the first scan)
 	spare    chan *os.File  // an empty temp file made in the background (see tempFile)
 	bg       sync.WaitGroup // background temp file creation
+	making   atomic.Bool    // a background creation is under way (at most one at a time)
 	damaged  []Damage       // checkpoints set aside as damaged (see setAside)
 	fold     *folded        // the folded lower layer, once read (WithFoldedLower)
 	// noClone: the store's filesystem cannot clone extents (ext4), as probeClone found at open

@@ -27,14 +27,16 @@ func (s *Store) tempFile() (*os.File, error) {
 }
 
 // prepareTemp makes the next spare temp file in the background. Capture, Rollback and Delete
-// call it (with s.mu held) when they are done, so it never competes with their own I/O.
+// call it (with s.mu held) when they are done, so it never competes with their own I/O. One
+// creation at a time: two calls in a row make one spare, not one and a discarded one.
 func (s *Store) prepareTemp() {
-	if len(s.spare) > 0 {
+	if len(s.spare) > 0 || !s.making.CompareAndSwap(false, true) {
 		return
 	}
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
+		defer s.making.Store(false)
 		f, err := os.CreateTemp(s.dir, tempPrefix+"*")
 		if err != nil {
 			return // the next write creates its own

@@ -554,29 +554,29 @@ func (t *tracker) snapshot() (dirty []string, inodes []*inodeRec, tok scanToken,
 	return dirty, inodes, tok, true
 }
 
-// quietSince drains pending events and reports whether the tracker saw nothing since the
-// scan of tok (snapshot): it still vouches as it did then (no reset, no overflow), and no
-// event since named a path it follows or an inode of its filesystem. The caller has frozen
-// the sandbox, so every write the sandbox completed is queued by now.
-func (t *tracker) quietSince(tok scanToken) bool {
+// quietSince drains pending events and says what the tracker saw since the scan of tok
+// (snapshot), "" when nothing: it still vouches as it did then (no reset, no overflow), and
+// no event since named a path it follows or an inode of its filesystem. The caller has
+// frozen the sandbox, so every write the sandbox completed is queued by now.
+func (t *tracker) quietSince(tok scanToken) string {
 	w := t.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.drain()
 	if t.failed || t.epoch != tok.epoch {
-		return false
+		return "the change tracker was reset"
 	}
-	for _, seq := range t.dirty {
+	for p, seq := range t.dirty {
 		if seq > tok.seq {
-			return false
+			return "a change to " + p
 		}
 	}
 	for _, rec := range w.inodes {
 		if rec.fsid == t.fsid && rec.seq > tok.seq {
-			return false
+			return "a change to an inode of the upper dir"
 		}
 	}
-	return true
+	return ""
 }
 
 // Handle types whose layout the kernel fixes for every filesystem using them (exportfs.h):

@@ -149,12 +149,15 @@ type RollbackResult struct {
 type RollbackPhases struct {
 	Total, Check, Scan, Plan, BeforeWrite, Write, Index time.Duration
 	Prepared                                            bool
+	// Replanned says why a prepared plan was worked out again in the window ("" when it
+	// was applied, or when the rollback was not prepared).
+	Replanned string
 }
 
 // LogArgs returns the phases as a log line's key-value pairs.
 func (p RollbackPhases) LogArgs() []any {
 	return []any{"duration", p.Total, "prepared", p.Prepared, "check", p.Check, "scan", p.Scan, "plan", p.Plan,
-		"before_write", p.BeforeWrite, "write", p.Write, "index", p.Index}
+		"before_write", p.BeforeWrite, "write", p.Write, "index", p.Index, "replanned", p.Replanned}
 }
 
 // Change says how a path differs between two states.
