@@ -122,7 +122,20 @@ func (p *PreparedRollback) stale(s *Store, open OpenFiles) string {
 	if trk == nil {
 		return "the scan was not tracked"
 	}
-	if why := trk.quietSince(p.w.res.tok); why != "" {
+	var changed map[uint64]bool
+	known := func(ino uint64) bool {
+		if len(s.idx.byIno[ino]) > 0 {
+			return true
+		}
+		if changed == nil {
+			changed = make(map[uint64]bool, len(p.w.res.changed))
+			for _, c := range p.w.res.changed {
+				changed[c.st.Ino] = true
+			}
+		}
+		return changed[ino]
+	}
+	if why := trk.quietSince(p.w.res.tok, known); why != "" {
 		return why
 	}
 	for _, m := range open.Mapped {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -89,6 +90,31 @@ func TestPreparedRollbackSeesLaterChanges(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPreparedRollbackIgnoresOtherTrees: the tracker's mark sees the whole filesystem; writes
+// outside the upper dir (the store's own files, the host's, another sandbox's) since the
+// preparation do not make the rollback work the plan out again in the window.
+func TestPreparedRollbackIgnoresOtherTrees(t *testing.T) {
+	f := newTmpfsFixture(t, standardLower)
+	f.capture(t, "c0", L1)
+	base := walkTree(t, f.merged)
+	putFile(t, f.m("data/a.txt"), "changed")
+	elsewhere := filepath.Join(filepath.Dir(f.upper), "elsewhere")
+	must(t, os.Mkdir(elsewhere, 0o755))
+	putFile(t, filepath.Join(elsewhere, "old"), "x")
+
+	p := f.prepare(t, "c0", OpenFiles{})
+	putFile(t, filepath.Join(elsewhere, "new"), "on the same filesystem")
+	putFile(t, filepath.Join(elsewhere, "old"), "rewritten")
+	must(t, os.Chmod(filepath.Join(elsewhere, "old"), 0o600))
+	must(t, os.Chmod(f.merged, 0o700)) // the root's metadata is put back by every rollback
+	res, err := p.Rollback(context.Background(), OpenFiles{}, nil)
+	must(t, err)
+	if !res.Prepared {
+		t.Fatalf("writes outside the upper dir made the rollback work the plan out again: %s", res.Phases.Replanned)
+	}
+	assertTree(t, base, walkTree(t, f.merged), true)
 }
 
 // TestPreparedRollbackOpenFiles: the open files are part of what the plan depends on. A file

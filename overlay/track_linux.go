@@ -427,6 +427,10 @@ type tracker struct {
 	dirty   map[string]uint64 // path → drain generation of its latest event
 	dirKeys map[string]bool   // registered directory handles
 	failed  bool              // registration failed: walk every time
+	// inoInHandle: the filesystem's handles carry the inode number in a standard layout
+	// (inoOf). Not every filesystem that says so does: tmpfs returns the ino32-gen type with
+	// the generation first. So it is checked on the upper dir itself when the tracker opens.
+	inoInHandle bool
 }
 
 // newTracker returns a tracker for upper, or nil when fanotify is unavailable (the store
@@ -459,7 +463,8 @@ func (w *watcher) newTracker(upper string) (*tracker, error) {
 		unix.Close(fd)
 		return nil, err
 	}
-	t := &tracker{w: w, upper: upper, fsid: fsid, mountfd: fd, dirty: map[string]uint64{}, dirKeys: map[string]bool{}}
+	t := &tracker{w: w, upper: upper, fsid: fsid, mountfd: fd, dirty: map[string]uint64{}, dirKeys: map[string]bool{},
+		inoInHandle: handleHasIno(fd)}
 	w.trackers[t] = true
 	t.applied = w.seq
 	return t, nil
@@ -556,24 +561,42 @@ func (t *tracker) snapshot() (dirty []string, inodes []*inodeRec, tok scanToken,
 
 // quietSince drains pending events and says what the tracker saw since the scan of tok
 // (snapshot), "" when nothing: it still vouches as it did then (no reset, no overflow), and
-// no event since named a path it follows or an inode of its filesystem. The caller has
-// frozen the sandbox, so every write the sandbox completed is queued by now.
-func (t *tracker) quietSince(tok scanToken) string {
+// no event since named a path it follows or an inode of its filesystem that known (the
+// scan's inode numbers) reports true for. The mark sees the whole filesystem, where the
+// store, the host and other sandboxes write too; an inode of the upper dir unknown to the
+// scan is one created since, and its creation named a path (the upper dir's own metadata
+// is put back by every rollback). The caller has frozen the
+// sandbox, so every write the sandbox completed is queued by now.
+func (t *tracker) quietSince(tok scanToken, known func(ino uint64) bool) string {
 	w := t.w
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.drain()
+	why := ""
+	var recs []*inodeRec
 	if t.failed || t.epoch != tok.epoch {
-		return "the change tracker was reset"
+		why = "the change tracker was reset"
 	}
 	for p, seq := range t.dirty {
-		if seq > tok.seq {
-			return "a change to " + p
+		if why == "" && seq > tok.seq {
+			why = "a change to " + p
 		}
 	}
 	for _, rec := range w.inodes {
-		if rec.fsid == t.fsid && rec.seq > tok.seq {
-			return "a change to an inode of the upper dir"
+		if why == "" && rec.fsid == t.fsid && rec.seq > tok.seq {
+			recs = append(recs, rec)
+		}
+	}
+	w.mu.Unlock()
+	if why != "" || len(recs) == 0 {
+		return why
+	}
+	inos, err := t.resolve(recs)
+	if err != nil {
+		return err.Error()
+	}
+	for ino := range inos {
+		if known(ino) {
+			return fmt.Sprintf("a change to inode %d of the upper dir", ino)
 		}
 	}
 	return ""
@@ -587,6 +610,17 @@ const (
 	fileidIno64Gen       = 0x81
 	fileidIno64GenParent = 0x82
 )
+
+// handleHasIno reports whether fd's handle carries its inode number where inoOf reads it.
+func handleHasIno(fd int) bool {
+	h, _, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
+	var st unix.Stat_t
+	if err != nil || unix.Fstat(fd, &st) != nil {
+		return false
+	}
+	ino, ok := inoOf(h)
+	return ok && ino == st.Ino
+}
 
 // inoOf reads the inode number out of a handle of a standard layout.
 func inoOf(h unix.FileHandle) (uint64, bool) {
@@ -612,7 +646,7 @@ func inoOf(h unix.FileHandle) (uint64, bool) {
 func (t *tracker) resolve(recs []*inodeRec) (map[uint64]bool, error) {
 	out := map[uint64]bool{}
 	for _, rec := range recs {
-		if ino, ok := inoOf(rec.handle); ok {
+		if ino, ok := inoOf(rec.handle); ok && t.inoInHandle {
 			out[ino] = true
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -213,17 +214,21 @@ func TestTrackerShedsIdleStore(t *testing.T) {
 	}
 }
 
-// inodeMarks counts the inode marks (the ignore marks of hot files) of the process's group.
-func inodeMarks(t *testing.T) int {
+// inodeMarks counts the inode marks (the ignore marks of hot files) of the process's group
+// on the file at path (the mark sees the whole filesystem: other processes' hot files on it
+// get marks too).
+func inodeMarks(t *testing.T, path string) int {
 	t.Helper()
 	w, err := sharedWatcher()
 	must(t, err)
 	w.mu.Lock()
 	w.drain() // let the tracker see the writes so far
 	w.mu.Unlock()
+	var st unix.Stat_t
+	must(t, unix.Stat(path, &st))
 	data, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", w.fd))
 	must(t, err)
-	return strings.Count(string(data), "fanotify ino:")
+	return strings.Count(string(data), fmt.Sprintf("fanotify ino:%x ", st.Ino))
 }
 
 // TestTrackerQuietsHotFiles: a file written many times between two checkpoints gets its
@@ -237,7 +242,8 @@ func TestTrackerQuietsHotFiles(t *testing.T) {
 	must(t, err)
 	// Queued events of one file merge, so it takes writes in hotWrites drain batches to make a
 	// file hot; inodeMarks drains synchronously, so every write of the loop is its own batch.
-	for i := 0; inodeMarks(t) == 0; i++ {
+	hot := filepath.Join(f.upper, "data/hot")
+	for i := 0; inodeMarks(t, hot) == 0; i++ {
 		if i == 8*hotWrites { // a loaded machine may batch more writes into one event
 			t.Fatalf("no ignore mark on a file written %d times, each write drained", i)
 		}
@@ -250,7 +256,7 @@ func TestTrackerQuietsHotFiles(t *testing.T) {
 	if res := trackedCapture(t, f, "c2"); !pathsOf(res)["data/hot"] {
 		t.Fatalf("c2 missed the hot file: %v", res.Paths)
 	}
-	if n := inodeMarks(t); n != 0 {
+	if n := inodeMarks(t, hot); n != 0 {
 		t.Fatalf("%d ignore marks left after a capture", n)
 	}
 	waitTimestampsPast(t, time.Now()) // the truncate's mtime is later than c2's
@@ -272,4 +278,35 @@ func waitTimestampsPast(t *testing.T, t0 time.Time) {
 		must(t, err)
 		return st.ModTime().After(t0)
 	})
+}
+
+// TestTrackerResolvesHandles: a changed inode's handle resolves to its inode number on ext4
+// and on tmpfs, whose handles are of the ino32-gen type but hold the generation first (read
+// as the number, it named no file, so a change seen only by inode was missed there).
+func TestTrackerResolvesHandles(t *testing.T) {
+	for _, fs := range []string{"ext4", "tmpfs"} {
+		t.Run(fs, func(t *testing.T) {
+			var f *fixture
+			if fs == "tmpfs" {
+				f = newTmpfsFixture(t, standardLower)
+			} else {
+				f = newFixture(t, standardLower)
+			}
+			f.capture(t, "c0", L1)
+			trk := f.s.trk
+			if trk == nil {
+				t.Fatal("no change tracker after a capture")
+			}
+			putFile(t, f.m("data/new.txt"), "x")
+			h, _, err := unix.NameToHandleAt(unix.AT_FDCWD, filepath.Join(f.upper, "data/new.txt"), 0)
+			must(t, err)
+			var st unix.Stat_t
+			must(t, unix.Stat(filepath.Join(f.upper, "data/new.txt"), &st))
+			inos, err := trk.resolve([]*inodeRec{{fsid: trk.fsid, handle: h}})
+			must(t, err)
+			if !inos[st.Ino] || len(inos) != 1 {
+				t.Fatalf("handle of inode %d resolved to %v", st.Ino, inos)
+			}
+		})
+	}
 }
