@@ -83,10 +83,7 @@ const (
 // these machines when idle, BenchmarkInject; several times that in a loaded window).
 func (t *task) inject(nr uint64, args ...uint64) (ret int64, child int, err error) {
 	if t.step == stepUnknown {
-		t.step = stepSyscall
-		if trapFree(t.pid) {
-			t.step = stepTrap
-		}
+		t.step = stepOf(t.pid)
 	}
 	r := t.regs
 	r.Rip, r.Rax, r.Orig_rax = t.sysAddr, nr, ^uint64(0)
@@ -158,6 +155,15 @@ func (t *task) inject(nr uint64, args ...uint64) (ret int64, child int, err erro
 
 // trapSIGTRAP is SIGTRAP's bit in the masks of /proc/PID/stat.
 const trapSIGTRAP = 1 << (unix.SIGTRAP - 1)
+
+// stepOf is how calls are injected into pid: stepTrap when its SIGTRAP is neither blocked
+// nor ignored (trapFree), else stepSyscall.
+func stepOf(pid int) stepMode {
+	if trapFree(pid) {
+		return stepTrap
+	}
+	return stepSyscall
+}
 
 // trapFree reports whether pid neither blocks nor ignores SIGTRAP (/proc/PID/stat's
 // "blocked" and "sigignore"), so that the single-step trap of an injected call is a

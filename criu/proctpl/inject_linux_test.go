@@ -34,40 +34,58 @@ func TestInjectKeepsSignalState(t *testing.T) {
 		{"ignored", "signal.signal(signal.SIGTRAP, signal.SIG_IGN)", stepSyscall},
 		{"blocked", "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTRAP])", stepSyscall},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			r := trapREPL(t)
-			r.eval(t, c.setup)
-			before := r.eval(t, sigState)
-			kernel := trapBits(t, r.cmd.Process.Pid)
-			p, err := tr.Seize(r.cmd.Process.Pid, noCheck)
-			if err != nil {
-				t.Fatal(err)
+		// Inspected: the step mode is read by Inspect in a frozen cgroup, as a checkpoint does.
+		for _, inspected := range []bool{false, true} {
+			name := c.name
+			if inspected {
+				name += "/inspected"
 			}
-			tp := template(t, p)
-			if p.task.step != c.want || tp.task.step != c.want {
-				t.Errorf("injected with %d (template %d), want %d", p.task.step, tp.task.step, c.want)
-			}
-			if err := p.Resume(); err != nil {
-				t.Fatal(err)
-			}
-			if got := r.eval(t, sigState); got != before {
-				t.Fatalf("the original's SIGTRAP after its template: %s, want %s", got, before)
-			}
-			if got := trapBits(t, r.cmd.Process.Pid); got != kernel {
-				t.Fatalf("the original's SIGTRAP in the kernel after its template: %s, want %s", got, kernel)
-			}
-			r.eval(t, "x = 1")
-			c := rollback(t, tp, r.cmd.Process.Pid)
-			if got := r.eval(t, sigState); got != before {
-				t.Fatalf("the copy's SIGTRAP: %s, want %s", got, before)
-			}
-			if got := trapBits(t, c); got != kernel {
-				t.Fatalf("the copy's SIGTRAP in the kernel: %s, want %s", got, kernel)
-			}
-			if got := r.eval(t, "'x' in globals()"); got != "False" {
-				t.Fatalf("the copy has x: %s", got)
-			}
-		})
+			t.Run(name, func(t *testing.T) {
+				r := trapREPL(t)
+				r.eval(t, c.setup)
+				before := r.eval(t, sigState)
+				kernel := trapBits(t, r.cmd.Process.Pid)
+				thaw := func() {}
+				if inspected {
+					thaw = freezeCgroup(t, r.cmd.Process.Pid)
+				}
+				p, err := tr.Seize(r.cmd.Process.Pid, noCheck)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if inspected {
+					p.Inspect()
+					if p.task.step != c.want {
+						t.Errorf("Inspect found step mode %d, want %d", p.task.step, c.want)
+					}
+					thaw()
+				}
+				tp := template(t, p)
+				if p.task.step != c.want || tp.task.step != c.want {
+					t.Errorf("injected with %d (template %d), want %d", p.task.step, tp.task.step, c.want)
+				}
+				if err := p.Resume(); err != nil {
+					t.Fatal(err)
+				}
+				if got := r.eval(t, sigState); got != before {
+					t.Fatalf("the original's SIGTRAP after its template: %s, want %s", got, before)
+				}
+				if got := trapBits(t, r.cmd.Process.Pid); got != kernel {
+					t.Fatalf("the original's SIGTRAP in the kernel after its template: %s, want %s", got, kernel)
+				}
+				r.eval(t, "x = 1")
+				c := rollback(t, tp, r.cmd.Process.Pid)
+				if got := r.eval(t, sigState); got != before {
+					t.Fatalf("the copy's SIGTRAP: %s, want %s", got, before)
+				}
+				if got := trapBits(t, c); got != kernel {
+					t.Fatalf("the copy's SIGTRAP in the kernel: %s, want %s", got, kernel)
+				}
+				if got := r.eval(t, "'x' in globals()"); got != "False" {
+					t.Fatalf("the copy has x: %s", got)
+				}
+			})
+		}
 	}
 }
 

@@ -72,18 +72,20 @@ func (p *Proc) seize(check func(pid int) error) error {
 	})
 }
 
-// Inspect reads, ahead of Wait, what Wait needs of the process besides its registers: the
-// offsets of the regular files it has open and the address of a syscall instruction in its
-// vDSO. Call it while the seized process cannot run (its cgroup frozen): from the freeze to
-// its stop for the tracer after the thaw it runs no instruction of its own, so neither can
-// change, and the reads (a /proc directory and a file per open file) leave the time between
-// the thaw and the template. A failure is not an error: Wait reads them itself.
+// Inspect reads, ahead of Wait, what Wait and the template's injected calls need of the
+// process besides its registers: the offsets of the regular files it has open, the address
+// of a syscall instruction in its vDSO and how calls are injected (its SIGTRAP's mask and
+// disposition, stepMode). Call it while the seized process cannot run (its cgroup frozen):
+// from the freeze to its stop for the tracer after the thaw it runs no instruction of its
+// own, so none of them can change, and the reads (/proc files and a directory) leave the
+// time between the thaw and the template. A failure is not an error: Wait reads them itself.
 func (p *Proc) Inspect() {
 	addr, err := syscallInVDSO(p.task.pid)
 	if err != nil {
 		return
 	}
 	p.task.sysAddr, p.offsets, p.inspected = addr, fileOffsets(p.task.pid), true
+	p.task.step = stepOf(p.task.pid)
 }
 
 // Wait waits until the seized process stopped for the tracer and saves its registers and,
