@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -80,6 +81,7 @@ type fakeFiles struct {
 	entries     map[string]int  // Entries, by checkpoint (0 when unset)
 	foldMu      sync.Mutex      // guards folds: PrepareFold runs without the session lock
 	folds       [][]string      // PrepareFold calls
+	refuseFolds atomic.Bool     // every fold's Commit fails as overtaken
 	compacts    []string        // PrepareCompact calls
 	levels      []overlay.Level // the levels captures were asked for
 	onFold      func()          // called by PrepareFold, before it returns (the session lock is free)
@@ -244,6 +246,9 @@ type fakeFold struct {
 }
 
 func (p *fakeFold) Commit(ctx context.Context) error {
+	if p.f.refuseFolds.Load() {
+		return fmt.Errorf("fold %v refused: %w", p.ids, errdefs.ErrFailedPrecondition)
+	}
 	for _, id := range p.ids {
 		if !slices.Contains(p.f.ids, id) || id == p.f.head {
 			return fmt.Errorf("fold %s: %w", id, errdefs.ErrFailedPrecondition)

@@ -34,6 +34,10 @@ import (
 // the checkpoint that needs it (~2 ms here; BenchmarkDeleteFull, 5,000 entries: 12-35 ms).
 const foldInline = 1000
 
+// maxOvertaken is how many folds in a row the folder prepares that the tree overtook before
+// it stops (until the next checkpoint past the bounds starts it again).
+const maxOvertaken = 3
+
 // foldSlack is how many checkpoints beyond its bounds a tree may hold while the folder runs.
 func (o *Orchestrator) foldSlack() int { return max(o.opts.Retain, 2) / 8 }
 
@@ -83,7 +87,7 @@ func (o *Orchestrator) foldLater(ctx context.Context, s *session) {
 	if s.folding {
 		return
 	}
-	s.folding = true
+	s.folding, s.foldTries = true, 0
 	ctx = context.WithoutCancel(ctx)
 	s.bg.Add(1)
 	go func() {
@@ -128,8 +132,15 @@ func (o *Orchestrator) foldOnce(ctx context.Context, s *session) bool {
 	if err != nil {
 		pf.Abort()
 		if errdefs.IsFailedPrecondition(err) { // the tree moved meanwhile: choose again
-			log.L(ctx).Debug("retention: fold overtaken", "sandbox", s.id, "checkpoints", run, "error", err)
-			return true
+			s.mu.Lock()
+			s.foldTries++
+			again := s.foldTries < maxOvertaken
+			s.mu.Unlock()
+			log.L(ctx).Debug("retention: fold overtaken", "sandbox", s.id, "checkpoints", run, "again", again, "error", err)
+			if !again { // each try writes a merged pack: the next checkpoint starts anew
+				o.stopFolding(s)
+			}
+			return again
 		}
 		log.L(ctx).Warn("retention: fold", "sandbox", s.id, "checkpoints", run, "error", err)
 		o.stopFolding(s)
@@ -138,6 +149,9 @@ func (o *Orchestrator) foldOnce(ctx context.Context, s *session) bool {
 	if err := pf.Finish(); err != nil {
 		log.L(ctx).Warn("retention: finish a fold", "sandbox", s.id, "checkpoints", run, "error", err)
 	}
+	s.mu.Lock()
+	s.foldTries = 0
+	s.mu.Unlock()
 	for _, id := range run {
 		_ = s.rec.remove(id)
 	}

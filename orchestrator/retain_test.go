@@ -150,6 +150,24 @@ func TestRetentionFoldOvertaken(t *testing.T) {
 			t.Fatalf("%d checkpoints, want 16 (another victim folded)", n)
 		}
 	})
+	t.Run("always overtaken", func(t *testing.T) { // each try writes a merged pack
+		r, _, release := foldRig(t, 16)
+		r.fs.refuseFolds.Store(true)
+		close(release)
+		r.settled()
+		r.fs.foldMu.Lock()
+		n := len(r.fs.folds)
+		r.fs.foldMu.Unlock()
+		if n != maxOvertaken {
+			t.Fatalf("%d folds prepared for a tree that overtook every one, want %d", n, maxOvertaken)
+		}
+		r.fs.refuseFolds.Store(false)
+		r.checkpointWithin() // starts the folder anew
+		r.settled()
+		if c := r.count(); c > 16+r.o.foldSlack() {
+			t.Fatalf("%d checkpoints after the folder started again", c)
+		}
+	})
 	t.Run("session ended", func(t *testing.T) {
 		r, _, release := foldRig(t, 16)
 		r.s.mu.Lock()

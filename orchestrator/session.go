@@ -67,6 +67,7 @@ type session struct {
 	folding      bool           // retention's folder runs (retain.go)
 	toCompact    string         // an automatic L2 cut as a delta, for the folder to make full
 	compactTries int            // compactions of it the tree overtook
+	foldTries    int            // folds in a row the tree overtook (retain.go: maxOvertaken)
 	ended        bool           // released: the folder installs nothing more
 	started      map[int]bool   // the rollback's copies started in its frozen window, by entry pid
 	hugeSeen     map[int]bool   // pids that had their chance at huge pages (hugepages.go)
