@@ -565,8 +565,8 @@ func (t *tracker) snapshot() (dirty []string, inodes []*inodeRec, tok scanToken,
 // scan's inode numbers) reports true for. The mark sees the whole filesystem, where the
 // store, the host and other sandboxes write too; an inode of the upper dir unknown to the
 // scan is one created since, and its creation named a path (the upper dir's own metadata
-// is put back by every rollback). The caller has frozen the
-// sandbox, so every write the sandbox completed is queued by now.
+// is put back by every rollback). The caller has frozen the sandbox, so every write the
+// sandbox completed is queued by now.
 func (t *tracker) quietSince(tok scanToken, known func(ino uint64) bool) string {
 	w := t.w
 	w.mu.Lock()
