@@ -568,25 +568,7 @@ func (t *tracker) snapshot() (dirty []string, inodes []*inodeRec, tok scanToken,
 // is put back by every rollback). The caller has frozen the sandbox, so every write the
 // sandbox completed is queued by now.
 func (t *tracker) quietSince(tok scanToken, known func(ino uint64) bool) string {
-	w := t.w
-	w.mu.Lock()
-	w.drain()
-	why := ""
-	var recs []*inodeRec
-	if t.failed || t.epoch != tok.epoch {
-		why = "the change tracker was reset"
-	}
-	for p, seq := range t.dirty {
-		if why == "" && seq > tok.seq {
-			why = "a change to " + p
-		}
-	}
-	for _, rec := range w.inodes {
-		if why == "" && rec.fsid == t.fsid && rec.seq > tok.seq {
-			recs = append(recs, rec)
-		}
-	}
-	w.mu.Unlock()
+	recs, why := t.changedSince(tok)
 	if why != "" || len(recs) == 0 {
 		return why
 	}
@@ -600,6 +582,30 @@ func (t *tracker) quietSince(tok scanToken, known func(ino uint64) bool) string 
 		}
 	}
 	return ""
+}
+
+// changedSince drains pending events and returns the inodes of t's filesystem changed since
+// tok, or why t saw a change (a reset, a path it follows) without looking at inodes.
+func (t *tracker) changedSince(tok scanToken) ([]*inodeRec, string) {
+	w := t.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.drain()
+	if t.failed || t.epoch != tok.epoch {
+		return nil, "the change tracker was reset"
+	}
+	for p, seq := range t.dirty {
+		if seq > tok.seq {
+			return nil, "a change to " + p
+		}
+	}
+	var recs []*inodeRec
+	for _, rec := range w.inodes {
+		if rec.fsid == t.fsid && rec.seq > tok.seq {
+			recs = append(recs, rec)
+		}
+	}
+	return recs, ""
 }
 
 // Handle types whose layout the kernel fixes for every filesystem using them (exportfs.h):
