@@ -127,15 +127,19 @@ func (o *Orchestrator) foldOnce(ctx context.Context, s *session) bool {
 	s.mu.Lock()
 	locked := time.Now()
 	err = o.installFold(ctx, s, run, pf)
+	overtaken := errdefs.IsFailedPrecondition(err) // the tree moved meanwhile: choose again
+	switch {
+	case err == nil:
+		s.foldTries = 0
+	case overtaken:
+		s.foldTries++
+	}
+	again := s.foldTries < maxOvertaken
 	s.mu.Unlock()
 	installed := time.Now()
 	if err != nil {
 		pf.Abort()
-		if errdefs.IsFailedPrecondition(err) { // the tree moved meanwhile: choose again
-			s.mu.Lock()
-			s.foldTries++
-			again := s.foldTries < maxOvertaken
-			s.mu.Unlock()
+		if overtaken {
 			log.L(ctx).Debug("retention: fold overtaken", "sandbox", s.id, "checkpoints", run, "again", again, "error", err)
 			if !again { // each try writes a merged pack: the next checkpoint starts anew
 				o.stopFolding(s)
@@ -149,9 +153,6 @@ func (o *Orchestrator) foldOnce(ctx context.Context, s *session) bool {
 	if err := pf.Finish(); err != nil {
 		log.L(ctx).Warn("retention: finish a fold", "sandbox", s.id, "checkpoints", run, "error", err)
 	}
-	s.mu.Lock()
-	s.foldTries = 0
-	s.mu.Unlock()
 	for _, id := range run {
 		_ = s.rec.remove(id)
 	}
