@@ -123,7 +123,7 @@ func (f Freezer) Freeze(ctx context.Context) error {
 		return fmt.Errorf("freeze %s: %w", f.dir, err)
 	}
 	defer ev.Close()
-	if err := os.WriteFile(filepath.Join(f.dir, "cgroup.freeze"), []byte("1"), 0); err != nil {
+	if err := writeCtl(filepath.Join(f.dir, "cgroup.freeze"), "1"); err != nil {
 		return fmt.Errorf("freeze %s: %w", f.dir, err)
 	}
 	buf := make([]byte, 256)
@@ -152,7 +152,7 @@ func (f Freezer) Freeze(ctx context.Context) error {
 
 // freezeV1 is Freeze on cgroup v1, whose freezer.state cannot be polled.
 func (f Freezer) freezeV1(ctx context.Context) error {
-	if err := os.WriteFile(filepath.Join(f.dir, "freezer.state"), []byte("FROZEN"), 0); err != nil {
+	if err := writeCtl(filepath.Join(f.dir, "freezer.state"), "FROZEN"); err != nil {
 		return fmt.Errorf("freeze %s: %w", f.dir, err)
 	}
 	deadline := time.Now().Add(freezeTimeout)
@@ -184,10 +184,10 @@ func nap(d time.Duration) {
 
 func (f Freezer) frozen() (bool, error) {
 	if f.v2 {
-		data, err := os.ReadFile(filepath.Join(f.dir, "cgroup.events"))
+		data, err := readCtl(filepath.Join(f.dir, "cgroup.events"))
 		return bytes.Contains(data, []byte("frozen 1")), err
 	}
-	data, err := os.ReadFile(filepath.Join(f.dir, "freezer.state"))
+	data, err := readCtl(filepath.Join(f.dir, "freezer.state"))
 	return strings.TrimSpace(string(data)) == "FROZEN", err
 }
 
@@ -197,7 +197,7 @@ func (f Freezer) Thaw() error {
 	if f.v2 {
 		file, val = "cgroup.freeze", "0"
 	}
-	if err := os.WriteFile(filepath.Join(f.dir, file), []byte(val), 0); err != nil && !os.IsNotExist(err) {
+	if err := writeCtl(filepath.Join(f.dir, file), val); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("thaw %s: %w", f.dir, err)
 	}
 	return nil
@@ -215,7 +215,7 @@ func (f Freezer) Procs() ([]Proc, error) { return f.ProcsExcept(nil) }
 // ProcsExcept is Procs without the pids in skip, whose start times it does not read (a
 // sandbox with process templates holds dozens of stopped processes the caller knows).
 func (f Freezer) ProcsExcept(skip map[int]bool) ([]Proc, error) {
-	data, err := os.ReadFile(filepath.Join(f.dir, "cgroup.procs"))
+	data, err := readCtl(filepath.Join(f.dir, "cgroup.procs"))
 	if err != nil {
 		return nil, fmt.Errorf("list sandbox processes: %w", err)
 	}
@@ -249,7 +249,7 @@ type Pinned struct {
 // that process still exists after the read (a process keeps its pid until it is reaped).
 // nil when the list cannot be read (the caller lists with ProcsExcept).
 func (f Freezer) Pin(skip map[int]bool) *Pinned {
-	data, err := os.ReadFile(filepath.Join(f.dir, "cgroup.procs"))
+	data, err := readCtl(filepath.Join(f.dir, "cgroup.procs"))
 	if err != nil {
 		return nil
 	}
@@ -299,7 +299,7 @@ func exists(pidfd int) bool { return unix.PidfdSendSignal(pidfd, 0, nil, 0) == n
 // cgroup at a read made while its pidfd was open: Kill needs no other check.
 func (p *Pinned) Procs() ([]Proc, error) {
 	read := func() ([]int, error) {
-		data, err := os.ReadFile(filepath.Join(p.f.dir, "cgroup.procs"))
+		data, err := readCtl(filepath.Join(p.f.dir, "cgroup.procs"))
 		if err != nil {
 			return nil, fmt.Errorf("list sandbox processes: %w", err)
 		}
@@ -529,4 +529,64 @@ func without(pids []int, keep int) []int {
 		}
 	}
 	return out
+}
+
+// writeCtl writes val to the cgroup file path in one write. By hand rather than with
+// os.WriteFile, as readCtl: an os.File tries to register with the runtime's poller (an
+// epoll_ctl that fails for these files) and carries a finalizer, and a frozen window opens
+// four of these files (freeze, its poll, the listing of the processes, thaw).
+func writeCtl(path, val string) error {
+	fd, err := openCtl(path, unix.O_WRONLY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	for {
+		_, err = unix.Write(fd, []byte(val))
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return &os.PathError{Op: "write", Path: path, Err: err}
+	}
+	return nil
+}
+
+// readCtl reads the cgroup file path (see writeCtl).
+func readCtl(path string) ([]byte, error) {
+	fd, err := openCtl(path, unix.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 0, 512)
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, cap(buf))
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		case n == 0:
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
+}
+
+func openCtl(path string, mode int) (int, error) {
+	for {
+		fd, err := unix.Open(path, mode|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return -1, &os.PathError{Op: "open", Path: path, Err: err}
+		}
+		return fd, nil
+	}
 }
