@@ -162,7 +162,7 @@ func (s *Store) captureRoot(rootfd int, full bool) (*Entry, Key, error) {
 // describeRoot records the metadata of the directory open as fd, as path ".".
 func describeRoot(fd int, st *unix.Stat_t) (*Entry, error) {
 	e := entryFromStat(".", st)
-	x, _, err := readXattrs(procPath(fd, ".")) // "/proc/self/fd/N" alone is the magic link
+	x, _, err := readXattrsAt(fd, ".") // "/proc/self/fd/N" alone is the magic link
 	if err != nil {
 		return nil, fmt.Errorf("read upper root xattrs: %w", err)
 	}

@@ -382,7 +382,7 @@ func metaDiffers(dirs *dirCache, rel string, want *Entry, have *unix.Stat_t) (bo
 	if err != nil {
 		return false, err
 	}
-	x, _, err := readXattrs(procPath(pfd, name))
+	x, _, err := readXattrsAt(pfd, name)
 	if err != nil {
 		return false, err
 	}
@@ -414,7 +414,7 @@ func (c *dirCache) opaque(rel string) bool {
 	if err != nil {
 		return false
 	}
-	v, err := getXattr(procPath(pfd, name), "trusted.overlay.opaque")
+	v, err := getXattrAt(pfd, name, "trusted.overlay.opaque")
 	o := err == nil && string(v) == "y"
 	if err == nil || errors.Is(err, unix.ENODATA) {
 		c.opq[rel] = o // a failure to read is not an answer

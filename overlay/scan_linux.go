@@ -355,7 +355,7 @@ func describe(dirfd int, rel string, st *unix.Stat_t) (*Entry, error) {
 		}
 		e.Target = t
 	}
-	x, opaque, err := readXattrs(procPath(dirfd, name))
+	x, opaque, err := readXattrsAt(dirfd, name)
 	if err != nil {
 		return nil, err
 	}

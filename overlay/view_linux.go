@@ -175,7 +175,7 @@ func (v *view) lstatUncached(layer int, prefix string) (*lowerStat, error) {
 	}
 	ls.dir = ls.st.Mode&unix.S_IFMT == unix.S_IFDIR
 	if ls.dir {
-		val, err := getXattr(procPath(pfd, name), "trusted.overlay.opaque")
+		val, err := getXattrAt(pfd, name, "trusted.overlay.opaque")
 		ls.opaque = err == nil && string(val) == "y"
 	}
 	return ls, nil
