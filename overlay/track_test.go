@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -308,5 +309,45 @@ func TestTrackerResolvesHandles(t *testing.T) {
 				t.Fatalf("handle of inode %d resolved to %v", st.Ino, inos)
 			}
 		})
+	}
+}
+
+// TestShrinkMaps: a map that held many entries and now holds an eighth or less is copied to
+// one of its size, with the same entries (a range over the old one would still visit every
+// bucket it grew); smaller maps, and maps still near their peak, stay as they are.
+func TestShrinkMaps(t *testing.T) {
+	same := func(a, b map[int]int) bool {
+		return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
+	}
+	m, peak := map[int]int{}, 0
+	for i := range 5000 {
+		m[i] = i
+	}
+	before := len(m)
+	for i := 10; i < 5000; i++ {
+		delete(m, i)
+	}
+	got := shrink(m, before, &peak)
+	if same(got, m) || len(got) != 10 || peak != 10 {
+		t.Fatalf("after 4,990 of 5,000 deleted: copied %v, %d entries, peak %d; want a copy of 10, peak 10", !same(got, m), len(got), peak)
+	}
+	for i := range 10 {
+		if got[i] != i {
+			t.Fatalf("entry %d: %d", i, got[i])
+		}
+	}
+	half, hp := map[int]int{}, 0
+	for i := range 1000 {
+		half[i] = i
+	}
+	for i := range 500 {
+		delete(half, i)
+	}
+	if !same(shrink(half, 1000, &hp), half) || hp != 1000 {
+		t.Fatal("a map at half its peak was copied")
+	}
+	small, sp := map[int]int{1: 1}, 0
+	if !same(shrink(small, 100, &sp), small) {
+		t.Fatal("a map that never held 256 entries was copied")
 	}
 }
