@@ -35,8 +35,9 @@ func TestWaitQuiet(t *testing.T) {
 
 	// Leases every 5 ms: the wait is cut at refillMaxDefer.
 	p := newPool(3, time.Now())
-	done := make(chan struct{})
-	go func() {
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func(p *pool) { // its own p: the test's is reassigned below
+		defer close(exited)
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -50,9 +51,10 @@ func TestWaitQuiet(t *testing.T) {
 				p.poke()
 			}
 		}
-	}()
+	}(p)
 	d := timeWait(p)
 	close(done)
+	<-exited
 	if d < refillMaxDefer-time.Millisecond || d > refillMaxDefer+100*time.Millisecond {
 		t.Errorf("leases every 5 ms: waited %v, want %v", d, refillMaxDefer)
 	}
