@@ -162,6 +162,10 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		return time.Since(frozenAt), err
 	}
 	applied := time.Now()
+	if record && target.ProcCkpt != nil {
+		spans := []any{"intent", prepAt.Sub(began), "prepare", freezeAt.Sub(prepAt), "freeze", frozenAt.Sub(freezeAt)}
+		return o.thawBesideRecord(ctx, s, in, target, res, frozenAt, applied, spans)
+	}
 	if err := o.thaw(ctx, s); err != nil {
 		s.pending = &in
 		return 0, pendingError(err)
@@ -183,6 +187,50 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 		"apply", applied.Sub(frozenAt), "thaw", thawed.Sub(applied), "copies", copied.Sub(thawed), "record", time.Since(copied))
 	o.afterRollback(ctx, s, target)
 	return frozen, err
+}
+
+// thawBesideRecord ends an answered rollback to a checkpoint with processes (undo, after
+// applyRollback): the thaw and the start of the copies left to start run on one goroutine,
+// the record's write (settleAnswered) on the caller's, which touches nothing of theirs (the
+// layer store, the pending and unsynced intents). spans are the debug spans before the
+// window. That thaw wakes the killed processes,
+// which exit (the REPL's 50 MB unmapped), ~0.2 ms against a checkpoint's 0.06; the record
+// takes ~0.09 (paired runs in docs/benchmarks.md, session 19). A files-only rollback's thaw
+// is shorter than a goroutine's hand-off and stays in line. If the thaw fails the rollback
+// stays pending, its record written: the next operation syncs it and finishes the rollback.
+// The failpoint rollback/after-thaw (in settleAnswered) fires here while the thaw runs.
+func (o *Orchestrator) thawBesideRecord(ctx context.Context, s *session, in rollbackIntent, target ckptRecord, res *api.RollbackResult, frozenAt, applied time.Time, spans []any) (time.Duration, error) {
+	type thawed struct {
+		err, copyErr     error
+		thawed, restored time.Time
+	}
+	done := make(chan thawed, 1)
+	go func() {
+		var t thawed
+		if t.err = o.thaw(ctx, s); t.err == nil {
+			t.thawed = time.Now()
+			// With processes, the window ends when the copies run: until then the
+			// sandbox's own processes are gone.
+			t.copyErr = o.restoreProcessCheckpoint(ctx, s, target, res)
+		}
+		t.restored = time.Now()
+		done <- t
+	}()
+	serr := o.settleAnswered(s, in)
+	recorded := time.Now()
+	t := <-done
+	if t.err != nil {
+		s.pending = &in
+		return 0, pendingError(t.err)
+	}
+	if serr != nil {
+		return 0, serr
+	}
+	log.L(ctx).Debug("rollback phases", append(append([]any{"sandbox", s.id, "checkpoint", in.Target}, spans...),
+		"apply", applied.Sub(frozenAt), "thaw", t.thawed.Sub(applied), "copies", t.restored.Sub(t.thawed),
+		"record", recorded.Sub(applied), "beside", true)...)
+	o.afterRollback(ctx, s, target)
+	return t.restored.Sub(frozenAt), t.copyErr
 }
 
 // prepareFiles works the files' rollback out before the freeze (overlay.PrepareRollback: the
