@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/testutil"
 )
 
 // TestXattrsAt reads xattrs by directory fd and name (listxattrat/getxattrat) and, with the
@@ -56,7 +58,7 @@ func TestXattrsAt(t *testing.T) {
 	}
 	t.Run("at", func(t *testing.T) {
 		if _, err := listxattrat(dfd, "f", nil); err == unix.ENOSYS {
-			t.Skip("kernel without listxattrat (before 6.13); the proc case covers the fallback")
+			testutil.SkipOrFail(t, "kernel without listxattrat (before 6.13); the proc case covers the fallback")
 		}
 		check(t)
 		if noXattrAt.Load() {
