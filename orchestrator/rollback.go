@@ -192,13 +192,13 @@ func (o *Orchestrator) undo(ctx context.Context, s *session, in rollbackIntent, 
 // thawBesideRecord ends an answered rollback to a checkpoint with processes (undo, after
 // applyRollback): the thaw and the start of the copies left to start run on one goroutine,
 // the record's write (settleAnswered) on the caller's, which touches nothing of theirs (the
-// layer store, the pending and unsynced intents). spans are the debug spans before the
-// window. That thaw wakes the killed processes,
-// which exit (the REPL's 50 MB unmapped), ~0.2 ms against a checkpoint's 0.06; the record
+// layer store, the pending and unsynced intents). That thaw wakes the killed processes,
+// which exit (the REPL's 50 MB unmapped): ~0.2 ms against a checkpoint's 0.06; the record
 // takes ~0.09 (paired runs in docs/benchmarks.md, session 19). A files-only rollback's thaw
 // is shorter than a goroutine's hand-off and stays in line. If the thaw fails the rollback
 // stays pending, its record written: the next operation syncs it and finishes the rollback.
 // The failpoint rollback/after-thaw (in settleAnswered) fires here while the thaw runs.
+// spans are the debug spans from before the window.
 func (o *Orchestrator) thawBesideRecord(ctx context.Context, s *session, in rollbackIntent, target ckptRecord, res *api.RollbackResult, frozenAt, applied time.Time, spans []any) (time.Duration, error) {
 	type thawed struct {
 		err, copyErr     error

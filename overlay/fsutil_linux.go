@@ -193,14 +193,7 @@ func readXattrs(p string) (map[string][]byte, bool, error) {
 
 // readXattrsAt is readXattrs of name (one component, or ".") in the directory open as dirfd.
 func readXattrsAt(dirfd int, name string) (map[string][]byte, bool, error) {
-	if !noXattrAt.Load() {
-		x, opaque, err := readXattrsBy(atXattrs(dirfd, name))
-		if !errors.Is(err, unix.ENOSYS) {
-			return x, opaque, err
-		}
-		noXattrAt.Store(true)
-	}
-	return readXattrs(procPath(dirfd, name))
+	return readXattrsBy(xattrsAt(dirfd, name))
 }
 
 // xattrOps reads one file's xattrs: list and get are llistxattr and lgetxattr of it (a
@@ -229,10 +222,30 @@ const (
 // noXattrAt is set once the kernel refused listxattrat (ENOSYS): procfs paths from then on.
 var noXattrAt atomic.Bool
 
-func atXattrs(dirfd int, name string) xattrOps {
-	return xattrOps{label: procPath(dirfd, name),
-		list: func(buf []byte) (int, error) { return listxattrat(dirfd, name, buf) },
-		get:  func(attr string, buf []byte) (int, error) { return getxattrat(dirfd, name, attr, buf) }}
+// xattrsAt reads the xattrs of name in dirfd with the *xattrat calls, or through its procfs
+// path once the kernel refused them.
+func xattrsAt(dirfd int, name string) xattrOps {
+	p := procPath(dirfd, name)
+	if noXattrAt.Load() {
+		return pathXattrs(p)
+	}
+	return xattrOps{label: p,
+		list: func(buf []byte) (int, error) {
+			n, err := listxattrat(dirfd, name, buf)
+			if err == unix.ENOSYS {
+				noXattrAt.Store(true)
+				return unix.Llistxattr(p, buf)
+			}
+			return n, err
+		},
+		get: func(attr string, buf []byte) (int, error) {
+			n, err := getxattrat(dirfd, name, attr, buf)
+			if err == unix.ENOSYS {
+				noXattrAt.Store(true)
+				return unix.Lgetxattr(p, attr, buf)
+			}
+			return n, err
+		}}
 }
 
 func listxattrat(dirfd int, name string, buf []byte) (int, error) {
@@ -333,9 +346,6 @@ func listXattrsBy(o xattrOps) ([]string, error) {
 		if errors.Is(err, unix.ENOTSUP) {
 			return nil, nil
 		}
-		if errors.Is(err, unix.ENOSYS) {
-			return nil, err // the caller falls back (readXattrsAt)
-		}
 		if err != nil {
 			return nil, fmt.Errorf("listxattr %s: %w", o.label, err)
 		}
@@ -354,14 +364,7 @@ func getXattr(p, name string) ([]byte, error) { return getXattrBy(pathXattrs(p),
 
 // getXattrAt is getXattr of file (one component) in the directory open as dirfd.
 func getXattrAt(dirfd int, file, name string) ([]byte, error) {
-	if !noXattrAt.Load() {
-		v, err := getXattrBy(atXattrs(dirfd, file), name)
-		if !errors.Is(err, unix.ENOSYS) {
-			return v, err
-		}
-		noXattrAt.Store(true)
-	}
-	return getXattr(procPath(dirfd, file), name)
+	return getXattrBy(xattrsAt(dirfd, file), name)
 }
 
 // getXattrBy reads one xattr through o.
