@@ -185,13 +185,8 @@ func keptXattr(name string) bool {
 	return name == "security.capability"
 }
 
-// readXattrs returns the kept xattrs of p (not following a final symlink) and whether
-// trusted.overlay.opaque=y is set.
-func readXattrs(p string) (map[string][]byte, bool, error) {
-	return readXattrsBy(pathXattrs(p))
-}
-
-// readXattrsAt is readXattrs of name (one component, or ".") in the directory open as dirfd.
+// readXattrsAt returns the kept xattrs of name (one component, or ".", not followed if a
+// symlink) in the directory open as dirfd, and whether trusted.overlay.opaque=y is set.
 func readXattrsAt(dirfd int, name string) (map[string][]byte, bool, error) {
 	return readXattrsBy(xattrsAt(dirfd, name))
 }
@@ -297,7 +292,7 @@ func getxattrat(dirfd int, name, attr string, buf []byte) (int, error) {
 	return int(r), nil
 }
 
-// readXattrsBy is readXattrs through o.
+// readXattrsBy is readXattrsAt through o.
 func readXattrsBy(o xattrOps) (map[string][]byte, bool, error) {
 	names, err := listXattrsBy(o)
 	if err != nil {
