@@ -72,6 +72,9 @@ func heartbeat(ctx context.Context) func() {
 // (the daemon) stops: the workflow treats it as the node lost.
 const errNodeStopping = "node_stopping"
 
+// errDeadline is the type of a daemon call that ran out of its deadline.
+const errDeadline = "deadline_exceeded"
+
 // failure turns a daemon error into a non-retryable activity error of its class.
 func failure(ctx context.Context, err error) error {
 	if err == nil {
@@ -102,7 +105,9 @@ func failure(ctx context.Context, err error) error {
 	case errdefs.IsFailedPrecondition(err):
 		kind = "failed_precondition"
 	case errors.Is(err, context.DeadlineExceeded):
-		return err
+		// Typed like every other failure of the activities (an untyped one is the worker's,
+		// see nodeLost), and retryable: the cleanup activity tries again.
+		return sdktemporal.NewApplicationError(err.Error(), errDeadline, err)
 	}
 	return sdktemporal.NewNonRetryableApplicationError(err.Error(), kind, err)
 }

@@ -224,12 +224,18 @@ func nodeLost(s workflow.Context, err error) bool {
 			return true
 		}
 	}
-	var ae *sdktemporal.ApplicationError
-	if errors.As(err, &ae) && ae.Type() == errNodeStopping {
+	var ce *sdktemporal.CanceledError
+	if errors.As(err, &ce) {
 		return true
 	}
-	var ce *sdktemporal.CanceledError
-	return errors.As(err, &ce)
+	// An untyped application failure is a plain Go error that crossed the SDK: the
+	// activities return only typed ones (failure), so it came from the worker around the
+	// activity. Seen in TestScaleOutTemporal: a stopping worker could not send a finished
+	// push's result (its post-processing ran on the worker's cancelled context) and
+	// reported "context canceled" as the activity's failure instead. A panic in an
+	// activity is typed (PanicError): a failure, not a lost node.
+	var ae *sdktemporal.ApplicationError
+	return errors.As(err, &ae) && (ae.Type() == errNodeStopping || ae.Type() == "")
 }
 
 // steps runs the pipeline's steps from w.next, committing after steps with commit: step and

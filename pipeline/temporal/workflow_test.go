@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +27,8 @@ type fakeNode struct {
 	released int
 	fail     map[string]int // "step/attempt" -> 1: that attempt fails
 	loseAt   string         // "step/attempt": the node goes away there (once)
+	pushErr  []error        // the failover pushes' errors, in order (then they succeed)
+	pushes   int
 	acquires []AcquireInput
 	commits  int
 	attempts []string
@@ -65,7 +68,13 @@ func (f *fakeNode) register(env *testsuite.TestWorkflowEnvironment) {
 		return Committed{Checkpoint: "ck"}, nil
 	})
 	env.OnActivity(actFailover, mock.Anything, mock.Anything).Return(func(_ context.Context, sb string) (string, error) {
-		return "s3://b#" + sb, nil
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.pushes++
+		if f.pushes <= len(f.pushErr) && f.pushErr[f.pushes-1] != nil {
+			return "", f.pushErr[f.pushes-1]
+		}
+		return fmt.Sprintf("s3://b#%s-%d", sb, f.pushes), nil
 	})
 	env.OnActivity(actRelease, mock.Anything, mock.Anything).Return(func(context.Context, string) (Released, error) {
 		f.mu.Lock()
@@ -143,7 +152,7 @@ steps:
 	if res.Status != pipeline.StatusSucceeded || res.Failovers != 1 || res.Node != "node-2" || len(res.Nodes) != 2 {
 		t.Fatalf("result %+v", res)
 	}
-	if len(f.acquires) != 2 || f.acquires[0].Snapshot != "" || f.acquires[1].Snapshot != "s3://b#sb-1" {
+	if len(f.acquires) != 2 || f.acquires[0].Snapshot != "" || f.acquires[1].Snapshot != "s3://b#sb-1-1" {
 		t.Fatalf("acquires %+v", f.acquires)
 	}
 	if want := "[0/1 1/1 2/1 2/1]"; fmt.Sprint(f.attempts) != want {
@@ -151,6 +160,31 @@ steps:
 	}
 	if len(res.Steps) != 3 || f.commits != 1 {
 		t.Fatalf("steps %+v, commits %d", res.Steps, f.commits)
+	}
+}
+
+// A push whose failure the worker made up around the activity (an untyped error: here the
+// "context canceled" a stopping worker reports when it cannot send a finished activity's
+// result) is the node lost: the task continues elsewhere from its last failover point and
+// commits once. A typed failure of the push (the daemon's error) fails the task.
+func TestWorkflowUntypedActivityFailureIsTheNodeLost(t *testing.T) {
+	yaml := "pool: bb\nsteps:\n  - {name: a, run: [a], failover: l3}\n  - {name: b, run: [b]}\n"
+	// The second push is the commit's, after step b.
+	f := &fakeNode{pushErr: []error{nil, errors.New("context canceled")}}
+	res := runTask(t, yaml, f)
+	if res.Status != pipeline.StatusSucceeded || res.Failovers != 1 || len(f.acquires) != 2 || f.commits != 1 {
+		t.Fatalf("result %+v, acquires %+v, commits %d", res, f.acquires, f.commits)
+	}
+	if f.acquires[1].Snapshot != "s3://b#sb-1-1" {
+		t.Fatalf("restored from %q, want the failover point after step a", f.acquires[1].Snapshot)
+	}
+	if want := "[0/1 1/1 1/1]"; fmt.Sprint(f.attempts) != want {
+		t.Fatalf("attempts %v, want %s (a once)", f.attempts, want)
+	}
+	f = &fakeNode{pushErr: []error{nil, sdktemporal.NewNonRetryableApplicationError("push failover point of sb-1: disk full", "internal", nil)}}
+	res = runTask(t, yaml, f)
+	if res.Status != pipeline.StatusFailed || res.Failovers != 0 || len(f.acquires) != 1 || f.commits != 0 || !strings.Contains(res.Error, "disk full") {
+		t.Fatalf("typed push failure: result %+v, acquires %d, commits %d", res, len(f.acquires), f.commits)
 	}
 }
 
@@ -222,7 +256,7 @@ func TestFailureClassifiesTheDaemonsCancellation(t *testing.T) {
 	}
 	_, err := env.ExecuteActivity("classify", "deadline")
 	var ae *sdktemporal.ApplicationError
-	if errors.As(err, &ae) && ae.Type() == errNodeStopping {
-		t.Errorf("a deadline inside the daemon: %v, want it not taken for the node stopping", err)
+	if !errors.As(err, &ae) || ae.Type() != errDeadline || ae.NonRetryable() {
+		t.Errorf("a deadline inside the daemon: %v, want a retryable %s (not the node stopping, and typed: an untyped failure is the worker's)", err, errDeadline)
 	}
 }
