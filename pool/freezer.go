@@ -346,8 +346,15 @@ func (p *Pinned) Kill(pids []int) int {
 	for _, pid := range pids {
 		if !p.confirmed[pid] {
 			rest = append(rest, pid)
-		} else if unix.PidfdSendSignal(p.fds[pid], unix.SIGKILL, nil, 0) == nil {
-			n++
+		} else {
+			// Dying at idle priority: at the thaw the killed processes are woken to exit
+			// and would preempt whoever thaws (on a 2-core machine, the rollback's own
+			// thread); as SCHED_IDLE they never preempt on wake-up and die on a core that
+			// is free. The pid is the pidfd's: a frozen member cannot exit or be reaped.
+			_ = unix.SchedSetAttr(pid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
+			if unix.PidfdSendSignal(p.fds[pid], unix.SIGKILL, nil, 0) == nil {
+				n++
+			}
 		}
 	}
 	if len(rest) > 0 {

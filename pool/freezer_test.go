@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/deltabox/deltabox/internal/testutil"
 )
 
@@ -219,3 +221,40 @@ func TestPinnedListsTheFrozenSandbox(t *testing.T) {
 }
 
 func sortProcs(ps []Proc) { slices.SortFunc(ps, func(a, b Proc) int { return a.Pid - b.Pid }) }
+
+// TestPinnedKillDiesAtIdlePriority: a process killed in the frozen window is made SCHED_IDLE
+// before its SIGKILL, so that at the thaw it exits without preempting the thread that thaws
+// (the rollback's); a process it does not kill keeps its policy.
+func TestPinnedKillDiesAtIdlePriority(t *testing.T) {
+	_, f := testCgroup(t)
+	victim, kept := startIn(t, f.dir), startIn(t, f.dir)
+	p := f.Pin(nil)
+	if p == nil {
+		t.Fatal("Pin could not list the cgroup")
+	}
+	defer p.Close()
+	if err := f.Freeze(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Procs(); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Kill([]int{victim.Process.Pid}); n != 1 {
+		t.Fatalf("Kill signalled %d, want 1", n)
+	}
+	for pid, want := range map[int]uint32{victim.Process.Pid: unix.SCHED_IDLE, kept.Process.Pid: unix.SCHED_NORMAL} {
+		attr, err := unix.SchedGetAttr(pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if attr.Policy != want {
+			t.Errorf("process %d: policy %d in the frozen window, want %d", pid, attr.Policy, want)
+		}
+	}
+	if err := f.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	if err := victim.Wait(); err == nil {
+		t.Fatal("the killed process survived")
+	}
+}
