@@ -203,8 +203,8 @@ func TestHugePagesBudget(t *testing.T) {
 }
 
 func TestTemplateCheckpoints(t *testing.T) {
-	if n := Default().Checkpoints.TemplateCheckpoints; n != 16 {
-		t.Fatalf("default template_checkpoints = %d, want 16", n)
+	if n := Default().Checkpoints.TemplateCheckpoints; n != 10 {
+		t.Fatalf("default template_checkpoints = %d, want 10", n)
 	}
 	c, err := Parse([]byte("version = 1\n[checkpoints]\ntemplate_checkpoints = 0\n"), "t.toml")
 	if err != nil || c.Checkpoints.TemplateCheckpoints != 0 {
