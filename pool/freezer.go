@@ -351,9 +351,16 @@ func (p *Pinned) Kill(pids []int) int {
 			// and would preempt whoever thaws (on a 2-core machine, the rollback's own
 			// thread); as SCHED_IDLE they never preempt on wake-up and die on a core that
 			// is free. The pid is the pidfd's: a frozen member cannot exit or be reaped.
-			_ = unix.SchedSetAttr(pid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
+			// A process the signal does not reach gets its own policy back. (The call sets
+			// the main thread's: other threads of a multi-threaded process keep theirs.)
+			was, err := unix.SchedGetAttr(pid, 0)
+			if err == nil {
+				err = unix.SchedSetAttr(pid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
+			}
 			if unix.PidfdSendSignal(p.fds[pid], unix.SIGKILL, nil, 0) == nil {
 				n++
+			} else if err == nil {
+				_ = unix.SchedSetAttr(pid, was, 0)
 			}
 		}
 	}
