@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/containerd/errdefs"
@@ -30,6 +31,10 @@ type Template struct {
 	sparePid atomic.Int64
 	armed    *task // a spare Arm prepared, started by the next Copy (or killed by Disarm)
 	parked   bool  // the spare was parked (Prefork's park): Arm may run it
+	// watch is a pidfd of the template that Alive polls off the tracer thread (-1: none,
+	// or closed once the template is gone); watchMu keeps it open while polled.
+	watchMu sync.Mutex
+	watch   int
 }
 
 // Pid is the template's host pid.
@@ -238,8 +243,14 @@ func (tp *Template) prepare(cp *task) error {
 }
 
 // Alive reports whether the template still exists (a sandbox can SIGKILL its own
-// templates). A dead one is collected.
+// templates). A dead one is collected. A live one is told by its pidfd, which turns
+// readable when the process exits, without a request to the tracer thread: a rollback asks
+// in its frozen window for each template it copies, and each hand-over to and from that
+// locked thread cost ~0.05 ms there.
 func (tp *Template) Alive() bool {
+	if tp.running() {
+		return true
+	}
 	alive := false
 	_ = tp.t.do(func() error {
 		if tp.gone {
@@ -250,6 +261,7 @@ func (tp *Template) Alive() bool {
 		if err != nil || pid == tp.task.pid && !ws.Stopped() {
 			tp.gone = true
 			tp.dropSpare()
+			tp.closeWatch()
 			unix.Close(tp.pidfd)
 			return nil
 		}
@@ -257,6 +269,29 @@ func (tp *Template) Alive() bool {
 		return nil
 	})
 	return alive
+}
+
+// running reports whether the template's process has not exited, as its watch pidfd says
+// (false when there is none: Alive then asks the tracer thread).
+func (tp *Template) running() bool {
+	tp.watchMu.Lock()
+	defer tp.watchMu.Unlock()
+	if tp.watch < 0 {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(tp.watch), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n == 0
+}
+
+// closeWatch closes the watch pidfd (the template is gone).
+func (tp *Template) closeWatch() {
+	tp.watchMu.Lock()
+	defer tp.watchMu.Unlock()
+	if tp.watch >= 0 {
+		unix.Close(tp.watch)
+		tp.watch = -1
+	}
 }
 
 // Release kills the template without waiting for it: a template in a frozen cgroup dies
@@ -276,6 +311,7 @@ func (tp *Template) kill() {
 	}
 	tp.gone = true
 	tp.dropSpare()
+	tp.closeWatch()
 	if tp.armed != nil {
 		tp.t.killTracee(tp.armed.pid)
 		tp.armed = nil

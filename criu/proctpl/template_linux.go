@@ -190,7 +190,7 @@ func (p *Proc) template() (*Template, error) {
 	if !p.stopped {
 		return nil, fmt.Errorf("process %d is not stopped: %w", p.task.pid, errdefs.ErrFailedPrecondition)
 	}
-	tp := &Template{t: p.t, Origin: p.task.pid, offsets: p.offsets, pidfd: -1}
+	tp := &Template{t: p.t, Origin: p.task.pid, offsets: p.offsets, pidfd: -1, watch: -1}
 	err := func() error {
 		c, dumpable, err := p.task.forkHidden()
 		if err != nil {
@@ -203,6 +203,9 @@ func (p *Proc) template() (*Template, error) {
 			_ = unix.Kill(c, unix.SIGKILL)
 			_, _ = waitExit(c)
 			return err
+		}
+		if w, err := unix.FcntlInt(uintptr(tp.pidfd), unix.F_DUPFD_CLOEXEC, 0); err == nil {
+			tp.watch = w // else Alive asks the tracer thread each time
 		}
 		if err := tp.task.restore(); err != nil {
 			tp.kill()

@@ -515,3 +515,40 @@ func TestKeep(t *testing.T) {
 		t.Fatalf("x = %s after a failed Keep, want 1 (the process resumed)", got)
 	}
 }
+
+// TestAliveWithoutTheTracerThread: a live template is told alive while its tracer thread is
+// busy (no request to it: the rollback's frozen window asks for every template it copies),
+// and one the sandbox SIGKILLed is told gone.
+func TestAliveWithoutTheTracerThread(t *testing.T) {
+	testutil.RequiresRoot(t)
+	tr := NewTracer()
+	r := startREPL(t)
+	p := stopped(t, tr, r.cmd.Process.Pid)
+	tp, err := p.Template()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Release()
+	busy, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = tr.do(func() error { close(busy); <-release; return nil })
+	}()
+	<-busy
+	alive := make(chan bool, 1)
+	go func() { alive <- tp.Alive() }()
+	select {
+	case a := <-alive:
+		if !a {
+			t.Fatal("a live template was told gone")
+		}
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("Alive waited for the busy tracer thread")
+	}
+	close(release)
+	_ = unix.Kill(tp.Pid(), unix.SIGKILL) // the sandbox kills its own template
+	testutil.WaitFor(t, 5*time.Second, 10*time.Millisecond, "the killed template to be told gone", func() bool { return !tp.Alive() })
+}
