@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -33,15 +35,38 @@ func (o *Orchestrator) Handler() http.Handler {
 }
 
 // handle adapts a function returning a value or an error to an http.HandlerFunc writing JSON.
+// The background steps fn leaves (session.background) start once the answer is written and
+// flushed, or fn has failed.
 func handle(fn func(r *http.Request) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		v, err := fn(r)
+		ctx, answered := withAnswerGate(r.Context())
+		defer answered()
+		v, err := fn(r.WithContext(ctx))
 		if err != nil {
 			writeError(r.Context(), w, err)
 			return
 		}
 		writeJSON(w, http.StatusOK, v)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush() // the whole answer (its length is set): the client has it before answered
+		}
 	}
+}
+
+type answerGateKey struct{}
+
+// withAnswerGate returns ctx with a gate that the background steps of an operation under it
+// wait for (answerGate), and the function that opens it.
+func withAnswerGate(ctx context.Context) (context.Context, func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return context.WithValue(ctx, answerGateKey{}, (<-chan struct{})(ch)), func() { once.Do(func() { close(ch) }) }
+}
+
+// answerGate returns the gate of withAnswerGate in ctx, or nil.
+func answerGate(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(answerGateKey{}).(<-chan struct{})
+	return ch
 }
 
 // decode reads a JSON request body into v, rejecting unknown fields and anything after the
@@ -69,10 +94,21 @@ func decodeOne(rd io.Reader, v any) error {
 	return nil
 }
 
+// writeJSON writes v with its length, so that a flush puts the whole answer on the wire
+// (without it, net/http chunks a flushed body and ends it only when the handler returns).
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
+	body, err := json.Marshal(v)
+	if err != nil {
+		code, st := api.FromError(fmt.Errorf("encode the answer: %v: %w", err, errdefs.ErrInternal))
+		status = st
+		body, _ = json.Marshal(api.ErrorBody{Error: api.Error{Code: code, Message: "encode the answer: " + err.Error()}}) // cannot fail
+	}
+	body = append(body, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(body)
 }
 
 func writeError(ctx context.Context, w http.ResponseWriter, err error) {

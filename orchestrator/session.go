@@ -64,6 +64,9 @@ type session struct {
 	headRollback string
 	bg           sync.WaitGroup // background steps of operations (afterRollback, preforkLater)
 	bgMu         sync.Mutex     // held by the running background step (background)
+	closedInit   sync.Once      // makes closed (closing)
+	closeOnce    sync.Once      // closes closed (close)
+	closed       chan struct{}  // closed by close: background steps waiting for an answer start
 	folding      bool           // retention's folder runs (retain.go)
 	toCompact    string         // an automatic L2 cut as a delta, for the folder to make full
 	compactTries int            // compactions of it the tree overtook
@@ -288,7 +291,15 @@ func (s *session) latest() *ckptRecord {
 	return &s.ckpts[i]
 }
 
+// closing returns the channel close closes.
+func (s *session) closing() <-chan struct{} {
+	s.closedInit.Do(func() { s.closed = make(chan struct{}) })
+	return s.closed
+}
+
 func (s *session) close() error {
+	s.closing()
+	s.closeOnce.Do(func() { close(s.closed) })
 	s.bg.Wait() // a rollback's record is synced before its files close
 	if s.stopServe != nil {
 		s.stopServe()
@@ -415,11 +426,24 @@ func (s *session) unpin() {
 // would otherwise wait for the spare copies' forks (~1-2 ms for 50 MB of heap). So fn
 // touches only what no reader writes (unsynced, spares, the templates' spares), and one
 // background step runs at a time.
+//
+// Under an API request (withAnswerGate) fn starts only once the answer is on the wire: a
+// rollback's spare copies are forks of 50 MB of heap, and on a small host they would take
+// the cores the answer's last steps and the caller's wake-up need (~0.2-0.3 ms of a rollback
+// with processes, docs/benchmarks.md, session 22). A close of the session meanwhile (a
+// release in the same request) opens the gate: close waits for fn, and nothing else does.
 func (s *session) background(ctx context.Context, fn func(context.Context)) {
+	answered := answerGate(ctx)
 	ctx = context.WithoutCancel(ctx)
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
+		if answered != nil {
+			select {
+			case <-answered:
+			case <-s.closing():
+			}
+		}
 		s.mu.RLock()
 		defer s.mu.RUnlock()
 		s.bgMu.Lock()
