@@ -512,8 +512,8 @@ func (s *session) processViewMeasured(c ckptRecord, measure bool) ([]api.Checkpo
 type cutFunc func(ctx context.Context, s *session, level overlay.Level, rec *ckptRecord) (time.Duration, pendingFiles, error)
 
 // procsPending is the template half of a checkpoint with processes, which runs once the
-// sandbox is thawed (the seized processes stay stopped until their templates are made) while
-// the checkpoint is made durable: the record's write does not wait for the templates.
+// sandbox is thawed (the seized processes stay stopped until their templates are made); the
+// checkpoint's record waits for it (record).
 type procsPending struct {
 	done   chan struct{}
 	ckpt   *procCheckpoint
