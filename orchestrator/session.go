@@ -299,7 +299,7 @@ func (s *session) closing() <-chan struct{} {
 
 func (s *session) close() error {
 	s.closing()
-	s.closeOnce.Do(func() { close(s.closed) })
+	s.closeOnce.Do(func() { close(s.closed) }) // closing made it
 	s.bg.Wait() // a rollback's record is synced before its files close
 	if s.stopServe != nil {
 		s.stopServe()
@@ -430,8 +430,9 @@ func (s *session) unpin() {
 // Under an API request (withAnswerGate) fn starts only once the answer is on the wire: a
 // rollback's spare copies are forks of 50 MB of heap, and on a small host they would take
 // the cores the answer's last steps and the caller's wake-up need (0-0.25 ms of a rollback
-// with processes in paired runs, docs/benchmarks.md, session 22). A close of the session meanwhile (a
-// release in the same request) opens the gate: close waits for fn, and nothing else does.
+// with processes in paired runs, docs/benchmarks.md, session 22). A close of the session
+// meanwhile (a release in the same request) opens the gate: close waits for fn, and nothing
+// else does.
 func (s *session) background(ctx context.Context, fn func(context.Context)) {
 	answered := answerGate(ctx)
 	ctx = context.WithoutCancel(ctx)
