@@ -300,7 +300,7 @@ func (s *session) closing() <-chan struct{} {
 func (s *session) close() error {
 	s.closing()
 	s.closeOnce.Do(func() { close(s.closed) }) // closing made it
-	s.bg.Wait() // a rollback's record is synced before its files close
+	s.bg.Wait()                                // a rollback's record is synced before its files close
 	if s.stopServe != nil {
 		s.stopServe()
 	}
